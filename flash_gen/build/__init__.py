@@ -1,0 +1,2 @@
+"""Compilation: NVRTC to PTX/cubin, the ptxas report, and the content-addressed cubin cache. No torch."""
+

@@ -1,0 +1,2 @@
+"""Rendering: key + config -> CUDA C++ source from the Jinja templates. Must not import torch."""
+

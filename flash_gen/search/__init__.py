@@ -1,0 +1,2 @@
+"""Autotuning (Optuna) over the spaces declared in flash_gen.spec."""
+

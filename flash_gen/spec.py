@@ -1,0 +1,192 @@
+"""Kernel identities: what a compiled attention variant *is* (its key) and how it is tiled (its config).
+
+A `FwdKey` names everything that changes the kernel's semantics (arch, dtype, head dim, mask, features);
+a `FwdConfig` names the tunable knobs that change only its speed. Both are frozen dataclasses of plain
+scalars, so they hash cheaply (the loader's per-call lookup is one dict hit) and their `.name` is a stable,
+readable C identifier and file name that encodes every field.
+
+This module is the root of the dependency order: it must not import torch, cuda or anything in flash_gen.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Iterator
+
+ARCHS = ("sm80", "sm90", "sm100")
+DTYPES = ("fp16", "bf16")
+MASKS = ("none", "causal", "local")
+HEAD_DIMS = tuple(range(8, 257, 8))
+
+# Per-arch limits used to prune configs before compiling (dynamic shared memory per block, in bytes).
+MAX_SMEM_PER_BLOCK = {"sm80": 163 * 1024, "sm90": 227 * 1024, "sm100": 227 * 1024}
+# Budget for the accumulators a thread holds (fp32 registers); above it ptxas spills. 255 is the hardware cap;
+# the rest of the kernel (pointers, indices, softmax state, fragments of Q/K/V) needs the remainder.
+MAX_ACCUM_REGS = 192
+
+
+def mma_head_dim(head_dim: int) -> int:
+    """Head dim as the MMA sees it: the k-step of mma.sync m16n8k16 is 16, so a head dim of 72 computes as 80
+    with zero-filled columns (loads and stores touch exactly `head_dim` columns)."""
+    return (head_dim + 15) // 16 * 16
+
+
+@dataclass(frozen=True)
+class FwdKey:
+    """Semantics of a forward kernel. Changing any field changes the generated code."""
+
+    arch: str  # compile target: sm80 | sm90 | sm100 (the portable family runs mma.sync on all three)
+    dtype: str  # fp16 | bf16
+    head_dim: int  # multiple of 8 in [8, 256]
+    mask: str = "none"  # none | causal | local (sliding window; causal is local(-1, 0) specialised)
+    softcap: bool = False
+    alibi: bool = False
+
+    def __post_init__(self) -> None:
+        if self.arch not in ARCHS:
+            raise ValueError(f"arch must be one of {ARCHS}, got {self.arch!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.head_dim not in HEAD_DIMS:
+            raise ValueError(f"head_dim must be a multiple of 8 in [8, 256], got {self.head_dim!r}")
+        if self.mask not in MASKS:
+            raise ValueError(f"mask must be one of {MASKS}, got {self.mask!r}")
+
+    @property
+    def direction(self) -> str:
+        return "fwd"
+
+    @property
+    def name(self) -> str:
+        feats = ("_softcap" if self.softcap else "") + ("_alibi" if self.alibi else "")
+        return f"fwd_{self.arch}_{self.dtype}_hd{self.head_dim}_{self.mask}{feats}"
+
+
+@dataclass(frozen=True)
+class FwdConfig:
+    """Tunable tiling of the portable (mma.sync + cp.async) forward kernel."""
+
+    block_m: int = 128  # query rows per CTA
+    block_n: int = 64  # key rows per main-loop step
+    num_warps: int = 4  # warps split block_m; each warp owns whole rows of S, so softmax is warp-local
+    kv_stages: int = 1  # K/V smem buffers: 1 = FA2's interleave (V[j] loads under QK^T, K[j+1] under PV);
+    # 2 = double buffer, K[j+1] and V[j+1] both in flight during step j
+    q_in_regs: bool = False  # keep Q's MMA fragments in registers for the whole loop (no per-step ldmatrix)
+
+    @property
+    def name(self) -> str:
+        return (
+            f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.kv_stages}"
+            f"{'_qreg' if self.q_in_regs else ''}"
+        )
+
+    @property
+    def num_threads(self) -> int:
+        return 32 * self.num_warps
+
+
+# The axes the tuner searches; `enumerate_configs` and `infeasible_reason` bound them.
+CONFIG_SPACE = {
+    "block_m": (64, 128),
+    "block_n": (32, 64, 128),
+    "num_warps": (4, 8),
+    "kv_stages": (1, 2),
+    "q_in_regs": (False, True),
+}
+
+
+def smem_bytes(key: FwdKey, cfg: FwdConfig) -> int:
+    """Dynamic shared memory the kernel asks for: Q tile + kv_stages x (K tile + V tile); the epilogue
+    reuses Q's buffer for O."""
+    elem = 2
+    d = mma_head_dim(key.head_dim)
+    return elem * d * (cfg.block_m + 2 * cfg.kv_stages * cfg.block_n)
+
+
+def accum_regs(key: FwdKey, cfg: FwdConfig) -> int:
+    """fp32 registers per thread for the O and S accumulators (plus Q fragments when held in registers)."""
+    d = mma_head_dim(key.head_dim)
+    t = cfg.num_threads
+    regs = cfg.block_m * d // t + cfg.block_m * cfg.block_n // t
+    if cfg.q_in_regs:
+        regs += cfg.block_m * d // (2 * t)  # Q fragments: two 16-bit values per register
+    return regs
+
+
+def infeasible_reason(key: FwdKey, cfg: FwdConfig) -> str | None:
+    """Why `cfg` cannot be compiled for `key` (None when it can). Checked before NVRTC ever runs."""
+    rows_per_warp_step = 16 * cfg.num_warps
+    if cfg.block_m % rows_per_warp_step:
+        return f"block_m={cfg.block_m} is not a multiple of 16*num_warps={rows_per_warp_step}"
+    if cfg.block_n % 16:
+        return f"block_n={cfg.block_n} is not a multiple of 16 (the MMA k-step of P@V)"
+    smem = smem_bytes(key, cfg)
+    limit = MAX_SMEM_PER_BLOCK[key.arch]
+    if smem > limit:
+        return f"shared memory {smem} B exceeds the {key.arch} limit of {limit} B"
+    regs = accum_regs(key, cfg)
+    if regs > MAX_ACCUM_REGS:
+        return f"{regs} accumulator registers per thread exceed the budget of {MAX_ACCUM_REGS}"
+    return None
+
+
+def default_config(key: FwdKey) -> FwdConfig:
+    """Hand-picked starting point per head dim (FA2-like tiles); the tuner's database overrides it."""
+    d = mma_head_dim(key.head_dim)
+    if d <= 64:
+        cfg = FwdConfig(block_m=128, block_n=128 if key.mask == "none" else 64, num_warps=4)
+    elif d <= 128:
+        cfg = FwdConfig(block_m=128, block_n=64, num_warps=4)
+    else:
+        cfg = FwdConfig(block_m=128, block_n=64, num_warps=8)
+    assert infeasible_reason(key, cfg) is None, (key, cfg, infeasible_reason(key, cfg))
+    return cfg
+
+
+def enumerate_keys(
+    archs: tuple[str, ...] = ARCHS,
+    dtypes: tuple[str, ...] = DTYPES,
+    head_dims: tuple[int, ...] = HEAD_DIMS,
+    masks: tuple[str, ...] = MASKS,
+    features: tuple[tuple[bool, bool], ...] = ((False, False), (True, False), (False, True), (True, True)),
+) -> Iterator[FwdKey]:
+    """The forward key space: every (arch, dtype, head dim, mask, (softcap, alibi)) combination."""
+    for arch in archs:
+        for dtype in dtypes:
+            for hd in head_dims:
+                for mask in masks:
+                    for softcap, alibi in features:
+                        yield FwdKey(arch, dtype, hd, mask, softcap, alibi)
+
+
+def enumerate_configs(key: FwdKey) -> Iterator[FwdConfig]:
+    """Every feasible config in CONFIG_SPACE for `key`."""
+    names = list(CONFIG_SPACE)
+
+    def rec(i: int, chosen: dict) -> Iterator[FwdConfig]:
+        if i == len(names):
+            cfg = FwdConfig(**chosen)
+            if infeasible_reason(key, cfg) is None:
+                yield cfg
+            return
+        for v in CONFIG_SPACE[names[i]]:
+            yield from rec(i + 1, {**chosen, names[i]: v})
+
+    yield from rec(0, {})
+
+
+def key_from_name(name: str) -> FwdKey:
+    """Inverse of FwdKey.name."""
+    parts = name.split("_")
+    if len(parts) < 5 or parts[0] != "fwd" or not parts[3].startswith("hd"):
+        raise ValueError(f"not a forward kernel key name: {name!r}")
+    feats = set(parts[5:])
+    unknown = feats - {"softcap", "alibi"}
+    if unknown:
+        raise ValueError(f"unknown feature(s) {sorted(unknown)} in key name {name!r}")
+    return FwdKey(parts[1], parts[2], int(parts[3][2:]), parts[4], "softcap" in feats, "alibi" in feats)
+
+
+def as_dict(obj: FwdKey | FwdConfig) -> dict:
+    return dataclasses.asdict(obj)
