@@ -1,0 +1,276 @@
+"""Input checks for the forward API, run before anything is compiled or launched.
+
+Owns flash_attn 2.8's argument contract: every rejection raises an exception whose message starts with the name
+of the offending argument (TypeError for wrong types and dtypes, ValueError for shapes, devices and values,
+NotImplementedError for features flash-gen does not have yet). What passes is returned as a normalized `FwdArgs`
+(scale resolved, window and mask kind derived) so the runtime never re-interprets user arguments.
+
+The checks are split so the CPU test-suite can run them: `check_fwd` looks only at shapes, strides, dtypes and
+values and works on CPU or meta tensors; `check_device` is the one CUDA-specific check; `validate_fwd` runs both.
+
+Imports torch only: never the runtime, the compiler or cuda.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+import torch
+
+_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+MAX_HEAD_DIM = 256
+# The kernels move rows with 16-byte vector loads (8 half-precision elements), so every tensor's base address
+# and every stride that is actually stepped over must keep that alignment.
+_VECTOR_BYTES = 16
+
+
+@dataclass(frozen=True)
+class FwdArgs:
+    """Checked and normalized forward arguments.
+
+    `window_size` is (left, right) with -1 for "unbounded"; bounds that cannot hide any key have already been
+    dropped, so `mask` is the cheapest kernel that computes exactly what was asked for.
+    """
+
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    nheads: int
+    nheads_k: int
+    head_dim: int
+    dtype: str  # "fp16" | "bf16", the spelling of flash_gen.spec
+    softmax_scale: float
+    mask: str  # "none" | "causal" | "local"
+    window_size: tuple[int, int]
+    softcap: float  # 0.0 = off
+    alibi: bool
+
+    @property
+    def causal(self) -> bool:
+        return self.mask == "causal"
+
+    @property
+    def empty(self) -> bool:
+        """Nothing to compute: the output is empty or every row sees zero keys."""
+        return self.seqlen_q == 0 or self.seqlen_k == 0
+
+
+def derive_mask(
+    causal: bool, window_size: tuple[int, int], seqlen_q: int, seqlen_k: int
+) -> tuple[str, tuple[int, int]]:
+    """Mask kind and normalized window, with flash_attn's bottom-right alignment.
+
+    Query i sees key j iff j <= i + seqlen_k - seqlen_q + right (when right >= 0) and
+    j >= i + seqlen_k - seqlen_q - left (when left >= 0). causal=True forces right = 0.
+    A bound is dropped (set to -1) only when it cannot hide any key for these sequence lengths, which keeps the
+    result exact (flash_attn's own rule `right >= seqlen_k -> -1` is not exact when seqlen_q > seqlen_k).
+    Then (-1, -1) is "none", (-1, 0) is "causal" (also when reached via causal=False), anything else "local".
+    """
+    left, right = window_size
+    if causal:
+        right = 0
+    # The lowest bound any query puts on j is (seqlen_k - 1) - left, at the last query row.
+    if left >= max(seqlen_k - 1, 0):
+        left = -1
+    # The highest bound any query puts on j is seqlen_k - seqlen_q + right, at the first query row.
+    if right >= max(seqlen_q - 1, 0):
+        right = -1
+    if (left, right) == (-1, -1):
+        return "none", (-1, -1)
+    if (left, right) == (-1, 0):
+        return "causal", (-1, 0)
+    return "local", (left, right)
+
+
+def check_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    return_attn_probs: bool = False,
+) -> FwdArgs:
+    """Every forward check except the device one (see `check_device`); works on CPU and meta tensors.
+
+    Raises TypeError, ValueError or NotImplementedError naming the argument; returns the normalized `FwdArgs`.
+    """
+    _check_unsupported(dropout_p, return_attn_probs)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _require_tensor(name, t)
+        if t.dim() != 4:
+            raise ValueError(f"{name}: expected 4 dims (batch, seqlen, nheads, head_dim), got shape {tuple(t.shape)}")
+    if q.dtype not in _DTYPES:
+        raise TypeError(f"q: dtype must be torch.float16 or torch.bfloat16, got {q.dtype}")
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name}: dtype {t.dtype} differs from q's dtype {q.dtype}")
+
+    batch, seqlen_q, nheads, head_dim = q.shape
+    _, seqlen_k, nheads_k, _ = k.shape
+    if batch < 1:
+        raise ValueError(f"q: batch must be >= 1, got shape {tuple(q.shape)}")
+    if nheads < 1:
+        raise ValueError(f"q: nheads must be >= 1, got shape {tuple(q.shape)}")
+    if head_dim % 8 or not 8 <= head_dim <= MAX_HEAD_DIM:
+        raise ValueError(f"q: head_dim must be a multiple of 8 in [8, {MAX_HEAD_DIM}], got {head_dim}")
+    _check_dim(k, "k", 0, "batch", batch, "q")
+    _check_dim(k, "k", 3, "head_dim", head_dim, "q")
+    if nheads_k < 1 or nheads % nheads_k:
+        raise ValueError(f"k: nheads_k={nheads_k} must be >= 1 and divide q's nheads={nheads}")
+    for axis, what in enumerate(("batch", "seqlen_k", "nheads_k", "head_dim")):
+        _check_dim(v, "v", axis, what, k.shape[axis], "k")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_layout(name, t)
+
+    alibi = _check_alibi(alibi_slopes, batch, nheads)
+    mask, window = derive_mask(_check_bool("causal", causal), _check_window(window_size), seqlen_q, seqlen_k)
+    return FwdArgs(
+        batch=batch,
+        seqlen_q=seqlen_q,
+        seqlen_k=seqlen_k,
+        nheads=nheads,
+        nheads_k=nheads_k,
+        head_dim=head_dim,
+        dtype=_DTYPES[q.dtype],
+        softmax_scale=head_dim**-0.5 if softmax_scale is None else _check_positive("softmax_scale", softmax_scale),
+        mask=mask,
+        window_size=window,
+        softcap=_check_softcap(softcap),
+        alibi=alibi,
+    )
+
+
+def check_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alibi_slopes: torch.Tensor | None) -> None:
+    """All tensors must live on one CUDA device. Raises ValueError naming the first tensor that does not."""
+    if q.device.type != "cuda":
+        raise ValueError(f"q: flash_gen needs CUDA tensors, got a tensor on {q.device}")
+    named = (("k", k), ("v", v)) + ((("alibi_slopes", alibi_slopes),) if alibi_slopes is not None else ())
+    for name, t in named:
+        if t.device != q.device:
+            raise ValueError(f"{name}: flash_gen needs CUDA tensors on q's device {q.device}, got {t.device}")
+
+
+def validate_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    return_attn_probs: bool = False,
+) -> FwdArgs:
+    """`check_fwd` then `check_device`: the full contract of the forward API."""
+    args = check_fwd(
+        q,
+        k,
+        v,
+        dropout_p=dropout_p,
+        softmax_scale=softmax_scale,
+        causal=causal,
+        window_size=window_size,
+        softcap=softcap,
+        alibi_slopes=alibi_slopes,
+        return_attn_probs=return_attn_probs,
+    )
+    check_device(q, k, v, alibi_slopes)
+    return args
+
+
+def _check_unsupported(dropout_p: float, return_attn_probs: bool) -> None:
+    if not _is_real(dropout_p):
+        raise TypeError(f"dropout_p: expected a float, got {type(dropout_p).__name__}")
+    if not 0.0 <= dropout_p <= 1.0:
+        raise ValueError(f"dropout_p: must be in [0, 1], got {dropout_p!r}")
+    if dropout_p > 0:
+        raise NotImplementedError(f"dropout_p: dropout is not implemented yet in flash_gen (got {dropout_p})")
+    if _check_bool("return_attn_probs", return_attn_probs):
+        raise NotImplementedError("return_attn_probs: returning attention probabilities is not implemented yet")
+
+
+def _require_tensor(name: str, t: object) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+
+
+def _check_dim(t: torch.Tensor, name: str, axis: int, what: str, expected: int, ref: str) -> None:
+    if t.shape[axis] != expected:
+        raise ValueError(f"{name}: {what}={t.shape[axis]} does not match {ref}'s {what}={expected}")
+
+
+def _check_layout(name: str, t: torch.Tensor) -> None:
+    """Only the head dim must be dense; batch/seqlen/head strides are free (views of packed tensors work)."""
+    if t.stride(-1) != 1:
+        raise ValueError(f"{name}: last dim must be contiguous (stride 1), got strides {t.stride()}")
+    elems = _VECTOR_BYTES // t.element_size()
+    misaligned = [s for n, s in zip(t.shape[:-1], t.stride()[:-1]) if n > 1 and s % elems]
+    if misaligned or t.data_ptr() % _VECTOR_BYTES:
+        raise ValueError(
+            f"{name}: base address and strides must be {_VECTOR_BYTES}-byte aligned (strides multiples of "
+            f"{elems} elements), got strides {t.stride()} at address offset {t.data_ptr() % _VECTOR_BYTES}"
+        )
+
+
+def _check_alibi(alibi_slopes: torch.Tensor | None, batch: int, nheads: int) -> bool:
+    if alibi_slopes is None:
+        return False
+    _require_tensor("alibi_slopes", alibi_slopes)
+    if alibi_slopes.dtype != torch.float32:
+        raise TypeError(f"alibi_slopes: dtype must be torch.float32, got {alibi_slopes.dtype}")
+    if tuple(alibi_slopes.shape) not in ((nheads,), (batch, nheads)):
+        raise ValueError(
+            f"alibi_slopes: shape must be (nheads,)=({nheads},) or (batch, nheads)=({batch}, {nheads}), "
+            f"got {tuple(alibi_slopes.shape)}"
+        )
+    if not alibi_slopes.is_contiguous():
+        raise ValueError(f"alibi_slopes: must be contiguous, got strides {alibi_slopes.stride()}")
+    return True
+
+
+def _check_window(window_size: object) -> tuple[int, int]:
+    if not isinstance(window_size, (tuple, list)):
+        raise TypeError(f"window_size: expected a (left, right) pair of ints, got {type(window_size).__name__}")
+    if len(window_size) != 2:
+        raise ValueError(f"window_size: expected a (left, right) pair, got {len(window_size)} values")
+    for side in window_size:
+        if not isinstance(side, numbers.Integral) or isinstance(side, bool):
+            raise TypeError(f"window_size: entries must be ints, got {window_size!r}")
+        if side < -1:
+            raise ValueError(f"window_size: entries must be -1 (unbounded) or >= 0, got {window_size!r}")
+    return int(window_size[0]), int(window_size[1])
+
+
+def _check_softcap(softcap: object) -> float:
+    if not _is_real(softcap):
+        raise TypeError(f"softcap: expected a float, got {type(softcap).__name__}")
+    if not (math.isfinite(softcap) and softcap >= 0):
+        raise ValueError(f"softcap: must be finite and >= 0 (0 = off), got {softcap!r}")
+    return float(softcap)
+
+
+def _check_positive(name: str, x: object) -> float:
+    if not _is_real(x):
+        raise TypeError(f"{name}: expected a float, got {type(x).__name__}")
+    if not (math.isfinite(x) and x > 0):
+        raise ValueError(f"{name}: must be a positive finite float, got {x!r}")
+    return float(x)
+
+
+def _check_bool(name: str, x: object) -> bool:
+    if not isinstance(x, bool):
+        raise TypeError(f"{name}: expected a bool, got {type(x).__name__}")
+    return x
+
+
+def _is_real(x: object) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)

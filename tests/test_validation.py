@@ -1,0 +1,229 @@
+"""CPU tests of the forward API's input contract (flash_gen.validate) and of `import flash_gen` staying light."""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from flash_gen.api import outputs_without_launch
+from flash_gen.validate import check_device, check_fwd, derive_mask, validate_fwd
+
+B, SQ, SK, H, HK, D = 2, 16, 32, 6, 2, 64
+
+
+def make(b=B, sq=SQ, sk=SK, h=H, hk=HK, d=D, dtype=torch.float16, device="cpu"):
+    q = torch.randn(b, sq, h, d, dtype=dtype, device=device)
+    k = torch.randn(b, sk, hk, d, dtype=dtype, device=device)
+    v = torch.randn(b, sk, hk, d, dtype=dtype, device=device)
+    return q, k, v
+
+
+def replaced(**tensors):
+    """Base q, k, v with some of them replaced."""
+    q, k, v = make()
+    base = {"q": q, "k": k, "v": v, **tensors}
+    return base["q"], base["k"], base["v"]
+
+
+def strided_last_dim():
+    return torch.randn(B, SQ, H, 2 * D, dtype=torch.float16)[..., ::2]
+
+
+# (name of the argument the error must name, exception, q/k/v overrides, keyword overrides)
+BAD_INPUTS = {
+    "q not a tensor": ("q", TypeError, {"q": [[1.0]]}, {}),
+    "q float32": ("q", TypeError, {"q": torch.randn(B, SQ, H, D)}, {}),
+    "k bf16 vs q fp16": ("k", TypeError, {"k": torch.randn(B, SK, HK, D, dtype=torch.bfloat16)}, {}),
+    "v bf16 vs q fp16": ("v", TypeError, {"v": torch.randn(B, SK, HK, D, dtype=torch.bfloat16)}, {}),
+    "q 3 dims": ("q", ValueError, {"q": torch.randn(SQ, H, D, dtype=torch.float16)}, {}),
+    "v 5 dims": ("v", ValueError, {"v": torch.randn(1, B, SK, HK, D, dtype=torch.float16)}, {}),
+    "batch 0": ("q", ValueError, dict(zip("qkv", make(b=0))), {}),
+    "k batch mismatch": ("k", ValueError, {"k": torch.randn(B + 1, SK, HK, D, dtype=torch.float16)}, {}),
+    "k head_dim mismatch": ("k", ValueError, {"k": torch.randn(B, SK, HK, D + 8, dtype=torch.float16)}, {}),
+    "v batch mismatch": ("v", ValueError, {"v": torch.randn(B + 1, SK, HK, D, dtype=torch.float16)}, {}),
+    "v seqlen_k mismatch": ("v", ValueError, {"v": torch.randn(B, SK + 1, HK, D, dtype=torch.float16)}, {}),
+    "v nheads_k mismatch": ("v", ValueError, {"v": torch.randn(B, SK, HK + 1, D, dtype=torch.float16)}, {}),
+    "v head_dim mismatch": ("v", ValueError, {"v": torch.randn(B, SK, HK, D + 8, dtype=torch.float16)}, {}),
+    "nheads % nheads_k": ("k", ValueError, dict(zip("qkv", make(h=6, hk=4))), {}),
+    "nheads_k 0": ("k", ValueError, dict(zip("qkv", make(hk=0))), {}),
+    "head_dim 264": ("q", ValueError, dict(zip("qkv", make(d=264))), {}),
+    "head_dim 60": ("q", ValueError, dict(zip("qkv", make(d=60))), {}),
+    "q last dim strided": ("q", ValueError, {"q": strided_last_dim()}, {}),
+    "k last dim strided": ("k", ValueError, {"k": torch.randn(B, SK, HK, D, dtype=torch.float16).mT}, {}),
+    "q misaligned base": ("q", ValueError, {"q": torch.randn(B, SQ, H, D + 8, dtype=torch.float16)[..., 1 : D + 1]}, {}),
+    "v misaligned stride": ("v", ValueError, {"v": torch.randn(B, SK, HK, D + 4, dtype=torch.float16)[..., :D]}, {}),
+    "window not a pair": ("window_size", TypeError, {}, {"window_size": 3}),
+    "window 3 values": ("window_size", ValueError, {}, {"window_size": (1, 2, 3)}),
+    "window float": ("window_size", TypeError, {}, {"window_size": (1.5, 0)}),
+    "window bool": ("window_size", TypeError, {}, {"window_size": (True, 0)}),
+    "window < -1": ("window_size", ValueError, {}, {"window_size": (-2, 0)}),
+    "alibi not a tensor": ("alibi_slopes", TypeError, {}, {"alibi_slopes": [0.1] * H}),
+    "alibi float16": ("alibi_slopes", TypeError, {}, {"alibi_slopes": torch.rand(H, dtype=torch.float16)}),
+    "alibi wrong heads": ("alibi_slopes", ValueError, {}, {"alibi_slopes": torch.rand(H + 1)}),
+    "alibi wrong batch": ("alibi_slopes", ValueError, {}, {"alibi_slopes": torch.rand(B + 1, H)}),
+    "alibi 3 dims": ("alibi_slopes", ValueError, {}, {"alibi_slopes": torch.rand(B, H, 1)}),
+    "alibi non-contiguous": ("alibi_slopes", ValueError, {}, {"alibi_slopes": torch.rand(H, B).t()}),
+    "softcap negative": ("softcap", ValueError, {}, {"softcap": -1.0}),
+    "softcap inf": ("softcap", ValueError, {}, {"softcap": float("inf")}),
+    "softcap nan": ("softcap", ValueError, {}, {"softcap": float("nan")}),
+    "softcap str": ("softcap", TypeError, {}, {"softcap": "30"}),
+    "softmax_scale 0": ("softmax_scale", ValueError, {}, {"softmax_scale": 0.0}),
+    "softmax_scale negative": ("softmax_scale", ValueError, {}, {"softmax_scale": -0.125}),
+    "softmax_scale inf": ("softmax_scale", ValueError, {}, {"softmax_scale": float("inf")}),
+    "softmax_scale nan": ("softmax_scale", ValueError, {}, {"softmax_scale": float("nan")}),
+    "softmax_scale tensor": ("softmax_scale", TypeError, {}, {"softmax_scale": torch.tensor(0.125)}),
+    "causal int": ("causal", TypeError, {}, {"causal": 1}),
+    "dropout_p > 0": ("dropout_p", NotImplementedError, {}, {"dropout_p": 0.1}),
+    "dropout_p > 1": ("dropout_p", ValueError, {}, {"dropout_p": 1.5}),
+    "dropout_p str": ("dropout_p", TypeError, {}, {"dropout_p": "0"}),
+    "return_attn_probs": ("return_attn_probs", NotImplementedError, {}, {"return_attn_probs": True}),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_input_names_the_argument(case):
+    arg, exc, tensors, kwargs = BAD_INPUTS[case]
+    q, k, v = replaced(**tensors)
+    with pytest.raises(exc, match=rf"^{arg}:"):
+        check_fwd(q, k, v, **kwargs)
+
+
+def test_not_implemented_says_so():
+    q, k, v = make()
+    for kwargs in ({"dropout_p": 0.5}, {"return_attn_probs": True}):
+        with pytest.raises(NotImplementedError, match="not implemented yet"):
+            check_fwd(q, k, v, **kwargs)
+
+
+def test_valid_input_is_normalized():
+    q, k, v = make()
+    args = check_fwd(q, k, v)
+    assert (args.batch, args.seqlen_q, args.seqlen_k, args.nheads, args.nheads_k, args.head_dim) == (
+        B, SQ, SK, H, HK, D,
+    )
+    assert args.dtype == "fp16" and args.mask == "none" and args.window_size == (-1, -1)
+    assert args.softmax_scale == pytest.approx(D**-0.5)
+    assert args.softcap == 0.0 and not args.alibi and not args.empty
+    assert check_fwd(q, k, v, softmax_scale=1).softmax_scale == 1.0
+    assert check_fwd(q.bfloat16(), k.bfloat16(), v.bfloat16()).dtype == "bf16"
+    full = check_fwd(q, k, v, causal=True, softcap=30, alibi_slopes=torch.rand(B, H))
+    assert full.causal and full.softcap == 30.0 and full.alibi
+    assert check_fwd(q, k, v, alibi_slopes=torch.rand(H)).alibi
+
+
+def test_strided_views_are_accepted():
+    """Only the head dim must be dense: views of a packed qkv tensor and broadcast K/V heads need no copy."""
+    qkv = torch.randn(B, SQ, 3, H, D, dtype=torch.bfloat16)
+    q, k, v = qkv.unbind(2)
+    assert not q.is_contiguous()
+    check_fwd(q, k, v)
+    k1 = torch.randn(B, SK, 1, D, dtype=torch.bfloat16).expand(B, SK, 3, D)
+    assert check_fwd(q, k1, k1).nheads_k == 3
+
+
+def test_meta_tensors_are_checked():
+    q, k, v = make(device="meta")
+    assert check_fwd(q, k, v, causal=True).mask == "causal"
+    with pytest.raises(ValueError, match="^k:"):
+        check_fwd(q, k[:1], v)
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_device_check_rejects_non_cuda(device):
+    q, k, v = make(device=device)
+    with pytest.raises(ValueError, match="^q: flash_gen needs CUDA tensors"):
+        check_device(q, k, v, None)
+    # validate_fwd is check_fwd followed by the device check: valid CPU input still fails, naming q.
+    with pytest.raises(ValueError, match="^q: flash_gen needs CUDA tensors"):
+        validate_fwd(q, k, v)
+
+
+@pytest.mark.gpu
+def test_device_check_rejects_mixed_devices():
+    q, k, v = make(device="cuda")
+    check_device(q, k, v, torch.rand(H, device="cuda"))
+    with pytest.raises(ValueError, match="^k: flash_gen needs CUDA tensors"):
+        check_device(q, k.cpu(), v, None)
+    with pytest.raises(ValueError, match="^alibi_slopes: flash_gen needs CUDA tensors"):
+        check_device(q, k, v, torch.rand(H))
+
+
+# (causal, window_size, seqlen_q, seqlen_k) -> (mask, normalized window)
+MASK_TABLE = [
+    (False, (-1, -1), 128, 128, "none", (-1, -1)),
+    (True, (-1, -1), 128, 128, "causal", (-1, 0)),
+    (False, (-1, 0), 128, 128, "causal", (-1, 0)),  # flash_attn: window (-1, 0) is causal
+    (True, (-1, 17), 128, 128, "causal", (-1, 0)),  # causal forces right = 0
+    (True, (32, 5), 128, 128, "local", (32, 0)),
+    (False, (32, 0), 128, 128, "local", (32, 0)),
+    (False, (-1, 17), 128, 128, "local", (-1, 17)),
+    (False, (64, 64), 128, 128, "local", (64, 64)),
+    (False, (0, 0), 128, 128, "local", (0, 0)),
+    (False, (5, -1), 128, 128, "local", (5, -1)),
+    # Bounds that cannot hide a key are dropped: left >= seqlen_k - 1, right >= seqlen_q - 1.
+    (False, (127, -1), 128, 128, "none", (-1, -1)),
+    (False, (126, -1), 128, 128, "local", (126, -1)),
+    (False, (-1, 127), 128, 128, "none", (-1, -1)),
+    (False, (-1, 126), 128, 128, "local", (-1, 126)),
+    (False, (500, 0), 128, 128, "causal", (-1, 0)),
+    (True, (-1, -1), 1, 128, "none", (-1, -1)),  # one query row is the last row: it sees every key
+    (True, (-1, -1), 799, 3, "causal", (-1, 0)),
+    (False, (-1, 17), 799, 3, "local", (-1, 17)),  # early rows see no key: not the same as no mask
+    (True, (-1, -1), 0, 0, "none", (-1, -1)),
+]
+
+
+@pytest.mark.parametrize("causal,window,sq,sk,mask,normalized", MASK_TABLE)
+def test_mask_kind_table(causal, window, sq, sk, mask, normalized):
+    assert derive_mask(causal, window, sq, sk) == (mask, normalized)
+
+
+def visible(window: tuple[int, int], causal: bool, sq: int, sk: int) -> torch.Tensor:
+    left, right = window[0], 0 if causal else window[1]
+    i = torch.arange(sq)[:, None] + sk - sq
+    j = torch.arange(sk)[None, :]
+    keep = torch.ones(sq, sk, dtype=torch.bool)
+    if right >= 0:
+        keep &= j <= i + right
+    if left >= 0:
+        keep &= j >= i - left
+    return keep
+
+
+def test_mask_normalization_is_exact():
+    """Dropping bounds never changes which keys a query sees."""
+    sides = range(-1, 8)
+    for sq, sk, left, right, causal in itertools.product(range(1, 7), range(1, 7), sides, sides, (False, True)):
+        mask, window = derive_mask(causal, (left, right), sq, sk)
+        assert torch.equal(visible((left, right), causal, sq, sk), visible(window, False, sq, sk))
+        assert {"none": (-1, -1), "causal": (-1, 0)}.get(mask, window) == window
+
+
+@pytest.mark.parametrize("sq,sk", [(0, 5), (5, 0), (0, 0)])
+def test_empty_sequences_need_no_launch(sq, sk):
+    q, k, v = make(sq=sq, sk=sk)
+    args = check_fwd(q, k, v, causal=True)
+    assert args.empty
+    out, lse = outputs_without_launch(q, args)
+    assert out.shape == q.shape and out.dtype == q.dtype and not out.any()
+    assert lse.shape == (B, H, sq) and lse.dtype == torch.float32 and bool((lse == float("inf")).all())
+
+
+def test_import_is_light():
+    """`import flash_gen` adds torch only: no optuna (blocked here), no NVRTC, no compiler or runtime modules.
+    (torch itself imports cuda.bindings.driver/runtime, so only what flash_gen adds on top is checked.)"""
+    code = (
+        "import sys, torch\n"
+        "sys.modules['optuna'] = None\n"  # any attempt to import optuna raises ImportError
+        "before = set(sys.modules)\n"
+        "import flash_gen\n"
+        "added = set(sys.modules) - before\n"
+        "heavy = ('optuna', 'cuda.bindings', 'jinja2', 'flash_gen.build', 'flash_gen.runtime', 'flash_gen.search')\n"
+        "print(sorted(m for m in added if m.startswith(heavy)))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]", result.stdout
