@@ -1,0 +1,240 @@
+"""Forward benchmark: flash_gen against PyTorch SDPA's FlashAttention-2 and cuDNN backends, in one run.
+
+Owns the benchmark shapes (the shared/ANCHORS.md convention: batch = total_tokens / seqlen, nheads =
+model_dim / hdim, seqlen_q = seqlen_k), the timing, the TFLOP/s table and the JSON record. GPU only.
+flash_gen is measured through its public API, like a user would call it; this module must not import the
+compiler, the tuner or optuna.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import itertools
+import json
+import math
+import statistics
+import sys
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import flash_gen
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+PEERS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
+LABELS = {"flash_gen": "flash_gen", "flash": "FA2 (SDPA flash)", "cudnn": "cuDNN (SDPA)"}
+CAUSAL = {"both": (False, True), "no": (False,), "yes": (True,)}
+WARMUP_MS, REP_MS = 25, 100  # triton.testing.do_bench's defaults
+FALLBACK_L2_BYTES = 60 * 2**20  # H200; used when the device does not report its L2 size
+
+
+@dataclass(frozen=True)
+class Shape:
+    hdim: int
+    causal: bool
+    seqlen: int
+    batch: int
+    nheads: int
+    dtype: str
+
+    @property
+    def flops(self) -> float:
+        """Two matmuls of 2*S*S*D flops per head; causal skips half of them."""
+        full = 4 * self.batch * self.nheads * self.seqlen * self.seqlen * self.hdim
+        return full / 2 if self.causal else full
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `flash-gen bench` options."""
+    ints = lambda text: tuple(int(x) for x in text.split(",") if x)  # noqa: E731
+    parser.add_argument("--hdim", type=ints, default=(64, 128, 256), help="head dims (comma list)")
+    parser.add_argument("--seqlen", type=ints, default=(1024, 2048, 4096, 8192, 16384), help="comma list")
+    parser.add_argument("--causal", choices=list(CAUSAL), default="both")
+    parser.add_argument("--dtype", choices=list(DTYPES), default="bf16")
+    parser.add_argument("--total-tokens", type=int, default=32768, help="batch = total_tokens / seqlen")
+    parser.add_argument("--model-dim", type=int, default=2048, help="nheads = model_dim / hdim")
+    parser.add_argument(
+        "--peers",
+        type=lambda text: tuple(p for p in text.split(",") if p),
+        default=tuple(PEERS),
+        help=f"SDPA backends to compare with (comma list of {', '.join(PEERS)})",
+    )
+    parser.add_argument("--json", default="bench_fwd.json", help="write every number here (default: %(default)s)")
+    parser.add_argument("--repeats", type=int, default=3, help="timings per cell, interleaved; the median is kept")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Benchmark every (hdim, causal, seqlen) cell, print the table and write the JSON. Returns an exit code."""
+    unknown = sorted(set(args.peers) - set(PEERS))
+    if unknown:
+        print(f"--peers: unknown {unknown}; choose from {list(PEERS)}", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("flash-gen bench needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
+        return 2
+    timer_name, timer = _timer()
+    impls = {"flash_gen": contextlib.nullcontext, **{p: functools.partial(sdpa_kernel, PEERS[p]) for p in args.peers}}
+    l2_bytes = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0)
+    results = []
+    for hdim, causal, seqlen in itertools.product(args.hdim, CAUSAL[args.causal], args.seqlen):
+        shape = Shape(
+            hdim=hdim,
+            causal=causal,
+            seqlen=seqlen,
+            batch=max(1, args.total_tokens // seqlen),
+            nheads=max(1, args.model_dim // hdim),
+            dtype=args.dtype,
+        )
+        results.append(_bench_shape(shape, impls, timer, args.repeats, l2_bytes or FALLBACK_L2_BYTES))
+        _print_row(results[-1])
+    _print_table(results, list(impls))
+    record = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(),
+        "flash_gen": flash_gen.__version__,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "timer": timer_name,
+        "settings": {k: v for k, v in vars(args).items() if not callable(v)},
+        "results": results,
+    }
+    with open(args.json, "w") as f:
+        json.dump(record, f, indent=2)
+    print(f"wrote {args.json}")
+    return 0
+
+
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, use_flash_gen: bool) -> torch.Tensor:
+    """One forward call on (batch, seqlen, heads, dim) inputs, by flash_gen or by SDPA (whichever backend the
+    caller's context selects). SDPA takes (batch, heads, seqlen, dim): the transposes are views, so every
+    implementation reads the same memory layout."""
+    if use_flash_gen:
+        return flash_gen.flash_attn_func(q, k, v, causal=causal)
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal)
+    return out.transpose(1, 2)
+
+
+def _input_sets(shape: Shape, l2_bytes: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Enough independent (q, k, v) sets that cycling through them streams at least twice the L2 size, so a
+    timing never measures inputs the previous call left in cache."""
+    dims = (shape.batch, shape.seqlen, shape.nheads, shape.hdim)
+    set_bytes = 3 * math.prod(dims) * DTYPES[shape.dtype].itemsize
+    count = max(2, math.ceil(2 * l2_bytes / set_bytes))
+    make = functools.partial(torch.randn, *dims, dtype=DTYPES[shape.dtype], device="cuda")
+    return [(make(), make(), make()) for _ in range(count)]
+
+
+def _bench_shape(shape: Shape, impls: dict, timer: Callable, repeats: int, l2_bytes: int) -> dict:
+    sets = _input_sets(shape, l2_bytes)
+    samples: dict[str, list[float]] = {name: [] for name in impls}
+    errors: dict[str, str] = {}
+    # Interleave the implementations so clock or thermal drift during the run hits all of them alike.
+    for _ in range(repeats):
+        for name, backend in impls.items():
+            if name in errors:
+                continue
+            rotation = itertools.cycle(sets)
+            fn = lambda: _attention(*next(rotation), shape.causal, name == "flash_gen")  # noqa: E731
+            try:
+                with backend():
+                    fn()  # first call: JIT compile / kernel selection stays out of the timing
+                    torch.cuda.synchronize()
+                    samples[name].append(timer(fn))
+            except Exception as e:  # an unavailable peer shows "n/a"; it never ends the run
+                first_line = (str(e).strip().splitlines() or [""])[0]
+                errors[name] = f"{type(e).__name__}: {first_line}"
+    ms = {name: statistics.median(s) if s and name not in errors else None for name, s in samples.items()}
+    return {
+        **asdict(shape),
+        "tflop": shape.flops / 1e12,
+        "ms": ms,
+        "tflops": {name: shape.flops / (t * 1e-3) / 1e12 if t else None for name, t in ms.items()},
+        "errors": errors,
+        "max_abs_diff": _max_abs_diff(sets[0], shape.causal),
+    }
+
+
+def _max_abs_diff(qkv: tuple[torch.Tensor, ...], causal: bool) -> float | None:
+    """flash_gen against SDPA's default backend on one input set: a cheap sanity check, not the test-suite."""
+    try:
+        diff = _attention(*qkv, causal, True).float() - _attention(*qkv, causal, False).float()
+        return diff.abs().max().item()
+    except Exception:  # flash_gen's own failure is already reported with its timing
+        return None
+
+
+def _timer() -> tuple[str, Callable[[Callable[[], object]], float]]:
+    """Median milliseconds per call: triton's do_bench when triton is installed, else CUDA events."""
+    try:
+        from triton.testing import do_bench
+    except ImportError:
+        return "cuda_events", _events_median
+    return "triton.testing.do_bench", lambda fn: do_bench(fn, warmup=WARMUP_MS, rep=REP_MS, return_mode="median")
+
+
+def _events_median(fn: Callable[[], object]) -> float:
+    """do_bench's scheme with CUDA events: size warmup and timed runs from a 5-call estimate, time each call."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    per_call = max(start.elapsed_time(end) / 5, 1e-3)
+    for _ in range(max(1, int(WARMUP_MS / per_call))):
+        fn()
+    events = [
+        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        for _ in range(max(1, int(REP_MS / per_call)))
+    ]
+    for begin, finish in events:
+        begin.record()
+        fn()
+        finish.record()
+    torch.cuda.synchronize()
+    return statistics.median(begin.elapsed_time(finish) for begin, finish in events)
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def _ratio(row: dict, peer: str) -> float | None:
+    mine, theirs = row["tflops"]["flash_gen"], row["tflops"].get(peer)
+    return mine / theirs if mine and theirs else None
+
+
+def _print_row(row: dict) -> None:
+    """One progress line per cell, so a long run shows where it is."""
+    cells = "  ".join(f"{name}={_fmt(t, '.1f')}" for name, t in row["tflops"].items())
+    print(f"hdim={row['hdim']} causal={row['causal']} S={row['seqlen']}: {cells} TFLOP/s", flush=True)
+    for name, err in row["errors"].items():
+        print(f"  {name} n/a: {err}", flush=True)
+
+
+def _print_table(results: list[dict], impls: list[str]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    peers = [name for name in impls if name != "flash_gen"]
+    table = Table(title=f"Forward TFLOP/s ({torch.cuda.get_device_name()})")
+    for col in ("hdim", "causal", "seqlen", *(LABELS[n] for n in impls), *(f"fg/{LABELS[p]}" for p in peers)):
+        table.add_column(col, justify="right")
+    table.add_column("max|Δ| vs SDPA", justify="right")
+    for row in results:
+        table.add_row(
+            str(row["hdim"]),
+            "yes" if row["causal"] else "no",
+            str(row["seqlen"]),
+            *(_fmt(row["tflops"][n], ".1f") for n in impls),
+            *(_fmt(_ratio(row, p), ".2f") for p in peers),
+            _fmt(row["max_abs_diff"], ".2e"),
+        )
+    Console(width=None if sys.stdout.isatty() else 160).print(table)  # logs get the whole table

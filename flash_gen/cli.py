@@ -1,0 +1,163 @@
+"""The `flash-gen` command: `compile` (render + NVRTC, the ptxas report), `bench` (flash_gen.bench), `cache`.
+
+Owns argument parsing and the compile report. Each subcommand imports the compiler, the cache or rich when it
+runs; compile workers are separate processes (NVRTC is CPU-bound, one variant each).
+Never imports optuna.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from flash_gen import spec
+
+
+def _csv(cast: Callable[[str], Any], allowed: Sequence[Any]) -> Callable[[str], tuple]:
+    """argparse type for a comma list whose items must be in `allowed`."""
+
+    def parse(text: str) -> tuple:
+        items = tuple(cast(x) for x in text.split(",") if x)
+        bad = [x for x in items if x not in allowed]
+        if bad or not items:
+            raise argparse.ArgumentTypeError(f"{text!r}: choose from {','.join(map(str, allowed))}")
+        return items
+
+    return parse
+
+
+@dataclass
+class Compiled:
+    """One variant's compile outcome, sent back from a worker process."""
+
+    key: spec.FwdKey
+    cfg: spec.FwdConfig
+    entry: str
+    source: str | None  # None when rendering failed
+    result: Any | None  # flash_gen.build.nvrtc.CompileResult; None on failure
+    seconds: float
+    error: str | None
+
+    @property
+    def ok(self) -> bool:
+        return self.result is not None and not self.result.spills
+
+
+def compile_default(key: spec.FwdKey) -> Compiled:
+    """Render and compile `key` with its default config. Failures are returned, not raised, so one broken
+    variant never hides the report of the others."""
+    from flash_gen.build.nvrtc import compile_source
+    from flash_gen.gen.render import entry_name, render_fwd
+
+    cfg = spec.default_config(key)
+    entry = entry_name(key, cfg)
+    source = None
+    start = time.perf_counter()
+    try:
+        source = render_fwd(key, cfg)
+        start = time.perf_counter()
+        result = compile_source(source, entry, key.arch)
+    except Exception as e:  # reported in the table and below it
+        return Compiled(key, cfg, entry, source, None, time.perf_counter() - start, f"{type(e).__name__}: {e}")
+    return Compiled(key, cfg, entry, source, result, time.perf_counter() - start, None)
+
+
+def _cmd_compile(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import track
+    from rich.table import Table
+
+    keys = list(spec.enumerate_keys(args.arch, args.dtype, args.hdim, args.mask, ((args.softcap, args.alibi),)))
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        done = list(track(pool.map(compile_default, keys), total=len(keys), description="compiling", transient=True))
+
+    table = Table(title=f"{len(done)} forward kernels (default configs)")
+    for col in ("kernel", "config", "regs", "spill st", "spill ld", "stack", "smem static+dyn", "compile s", "status"):
+        table.add_column(col, justify="left" if col in ("kernel", "config", "status") else "right")
+    for c in done:
+        r = c.result
+        status = "[green]ok" if c.ok else ("[red]FAILED" if r is None else "[red]spills")
+        nums = ("-",) * 5 if r is None else (
+            r.registers, r.spill_stores, r.spill_loads, r.stack_frame, f"{r.static_smem}+{spec.smem_bytes(c.key, c.cfg)}"
+        )
+        table.add_row(c.key.name, c.cfg.name, *map(str, nums), f"{c.seconds:.1f}", status)
+    console = Console(width=None if sys.stdout.isatty() else 160)  # logs get the whole table, not 80 columns
+    console.print(table)
+    for c in done:
+        if c.error:
+            console.print(f"[red]{c.entry}[/red]: " + "\n".join(c.error.splitlines()[:20]), markup=True, highlight=False)
+
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        for c in done:
+            if c.source is not None:
+                (args.out / f"{c.entry}.cu").write_text(c.source)
+            if c.result is not None:
+                (args.out / f"{c.entry}.ptx").write_text(c.result.ptx)
+                (args.out / f"{c.entry}.cubin").write_bytes(c.result.cubin)
+        console.print(f"wrote sources, PTX and cubins to {args.out}")
+    bad = sum(not c.ok for c in done)
+    if bad:
+        console.print(f"[red]{bad} of {len(done)} kernels failed to compile or spilled")
+    return 1 if bad else 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from flash_gen import bench
+
+    return bench.run(args)
+
+
+def _cmd_cache(args: argparse.Namespace) -> int:
+    from flash_gen.build import cache
+
+    if args.action == "clear":
+        cache.clear()
+        print("cache cleared")
+    else:
+        for name, value in cache.info().items():
+            print(f"{name}: {value}")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    from flash_gen import bench
+
+    parser = argparse.ArgumentParser(prog="flash-gen", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("compile", help="render and compile kernels with NVRTC; print registers, spills, smem")
+    p.add_argument("--arch", type=_csv(str, spec.ARCHS), default=spec.ARCHS, help="comma list (default: all)")
+    p.add_argument("--hdim", type=_csv(int, spec.HEAD_DIMS), default=(64, 128), help="comma list (default: 64,128)")
+    p.add_argument("--dtype", type=_csv(str, spec.DTYPES), default=("bf16", "fp16"), help="comma list")
+    p.add_argument("--mask", type=_csv(str, spec.MASKS), default=spec.MASKS, help="comma list (default: all)")
+    p.add_argument("--softcap", action="store_true", help="compile the softcap variants")
+    p.add_argument("--alibi", action="store_true", help="compile the ALiBi variants")
+    p.add_argument("--out", type=Path, help="write <kernel>.cu, .ptx and .cubin here")
+    p.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1, help="parallel compiles (default: cores)")
+    p.set_defaults(func=_cmd_compile)
+
+    p = sub.add_parser("bench", help="forward TFLOP/s against SDPA's FA2 and cuDNN backends (GPU)")
+    bench.add_arguments(p)
+    p.set_defaults(func=_cmd_bench)
+
+    p = sub.add_parser("cache", help="inspect or clear the compiled-kernel cache")
+    p.add_argument("action", choices=("info", "clear"))
+    p.set_defaults(func=_cmd_cache)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `flash-gen` console script; returns the exit code."""
+    args = _parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,223 @@
+"""GPU correctness of the forward kernels against a float64 PyTorch reference with flash_attn 2.8's semantics.
+
+Tolerance (flash_attn's rule): max|out - ref64| <= 2 * max|ref_lowprec - ref64| + 1e-5, where ref_lowprec is
+the same reference run on the fp16/bf16 inputs with the matmuls in that dtype and the softmax in fp32.
+The case list is drawn once with a fixed seed (stable test ids, bounded size); the inputs are fresh random
+numbers on every run, and the seed is in every failure message so a failure can be replayed.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from flash_gen import flash_attn_func
+from flash_gen.validate import validate_fwd
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+HEAD_DIMS = (8, 32, 64, 72, 80, 96, 128, 160, 192, 256)
+SEQLENS = ((1, 1), (113, 203), (128, 217), (256, 512), (512, 256), (1024, 1024), (108, 256), (799, 3))
+BATCHES = (1, 7)
+HEADS = ((6, 6), (6, 2), (6, 1))
+MASKS = {  # name -> (causal, window_size)
+    "none": (False, (-1, -1)),
+    "causal": (True, (-1, -1)),
+    "win32_0": (False, (32, 0)),
+    "winInf_17": (False, (-1, 17)),
+    "win64_64": (False, (64, 64)),
+    "win0_0": (False, (0, 0)),
+}
+FEATURES = ("plain", "softcap", "alibi_h", "alibi_bh")  # alibi_h: slopes (nheads,); alibi_bh: (batch, nheads)
+SOFTCAP = 30.0
+
+
+@dataclass(frozen=True)
+class Case:
+    dtype: str
+    head_dim: int
+    seqlen_q: int
+    seqlen_k: int
+    batch: int
+    nheads: int
+    nheads_k: int
+    mask: str
+    feature: str = "plain"
+
+    def __str__(self) -> str:
+        return (
+            f"{self.dtype}-d{self.head_dim}-{self.seqlen_q}x{self.seqlen_k}-b{self.batch}"
+            f"-h{self.nheads}_{self.nheads_k}-{self.mask}-{self.feature}"
+        )
+
+
+def _cases() -> list[Case]:
+    rng = random.Random(20261129)
+    # Every mask x feature x dtype at a few shapes chosen for their edges (GQA, seqlen_q > seqlen_k, rows that
+    # see no key, a padded head dim, the largest head dim).
+    cases = [
+        Case(dt, d, sq, sk, b, h, hk, m, f)
+        for d, sq, sk, b, h, hk in ((64, 113, 203, 7, 6, 2), (256, 512, 256, 1, 6, 6), (80, 799, 3, 1, 6, 1))
+        for dt in DTYPES
+        for m in MASKS
+        for f in FEATURES
+    ]
+
+    def draw(d: int, sq: int, sk: int) -> Case:
+        # Features mostly off elsewhere: each (head dim, feature) pair is a separate kernel to compile.
+        feature = rng.choice(FEATURES) if rng.random() < 0.2 else "plain"
+        return Case(rng.choice(list(DTYPES)), d, sq, sk, rng.choice(BATCHES), *rng.choice(HEADS), rng.choice(list(MASKS)), feature)
+
+    cases += [draw(d, sq, sk) for d in HEAD_DIMS for sq, sk in SEQLENS]  # every head dim meets every length
+    cases += [draw(rng.choice(HEAD_DIMS), *rng.choice(SEQLENS)) for _ in range(80)]
+    return list(dict.fromkeys(cases))
+
+
+CASES = _cases()
+
+
+def attention_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    scale: float,
+    causal: bool,
+    window: tuple[int, int],
+    softcap: float,
+    alibi_slopes: torch.Tensor | None,
+    upcast: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of flash_attn's attention: float64 throughout when `upcast`, else matmuls in the inputs' dtype
+    and the softmax in fp32. lse is +inf for rows that see no key (their output is 0)."""
+    if upcast:
+        q, k, v = q.double(), k.double(), v.double()
+    acc = torch.float64 if upcast else torch.float32
+    seqlen_q, seqlen_k = q.shape[1], k.shape[1]
+    group = q.shape[2] // k.shape[2]
+    k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)  # GQA/MQA in the reference only
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k).to(acc) * scale
+    if softcap > 0:
+        scores = softcap * torch.tanh(scores / softcap)
+    row = torch.arange(seqlen_q, device=q.device)[:, None] + (seqlen_k - seqlen_q)  # bottom-right aligned
+    col = torch.arange(seqlen_k, device=q.device)[None, :]
+    if alibi_slopes is not None:
+        slopes = alibi_slopes.to(acc)
+        slopes = slopes[None, :, None, None] if slopes.dim() == 1 else slopes[:, :, None, None]
+        scores = scores - slopes * (row - col).abs()
+    left, right = window[0], 0 if causal else window[1]
+    visible = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=q.device)
+    if right >= 0:
+        visible &= col <= row + right
+    if left >= 0:
+        visible &= col >= row - left
+    scores = scores.masked_fill(~visible, float("-inf"))
+    blind = ~visible.any(dim=-1)  # rows that see no key
+    lse = torch.logsumexp(scores, dim=-1).masked_fill(blind, float("inf"))
+    attn = torch.softmax(scores, dim=-1).masked_fill(blind[:, None], 0.0)
+    out = torch.einsum("bhqk,bkhd->bqhd", attn.to(v.dtype), v)
+    return out, lse
+
+
+def _fresh_seed() -> int:
+    return int.from_bytes(os.urandom(4), "little")
+
+
+def _inputs(case: Case, seed: int):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    randn = lambda *shape: torch.randn(*shape, generator=gen, device="cuda", dtype=DTYPES[case.dtype])  # noqa: E731
+    q = randn(case.batch, case.seqlen_q, case.nheads, case.head_dim)
+    k = randn(case.batch, case.seqlen_k, case.nheads_k, case.head_dim)
+    v = randn(case.batch, case.seqlen_k, case.nheads_k, case.head_dim)
+    slope_shape = {"alibi_h": (case.nheads,), "alibi_bh": (case.batch, case.nheads)}.get(case.feature)
+    alibi = None
+    if slope_shape:
+        alibi = torch.rand(slope_shape, generator=gen, device="cuda") * 0.3 + 0.01
+    return q, k, v, alibi
+
+
+def _run(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, out=None):
+    """The runtime's forward on validated, normalized arguments, as flash_attn_func calls it, plus `out`."""
+    from flash_gen.runtime.fwd import attention_fwd
+
+    args = validate_fwd(q, k, v, causal=causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes)
+    return attention_fwd(
+        q,
+        k,
+        v,
+        softmax_scale=args.softmax_scale,
+        causal=args.causal,
+        window_size=args.window_size,
+        softcap=args.softcap,
+        alibi_slopes=alibi_slopes,
+        out=out,
+    )
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_forward_matches_reference(case: Case):
+    seed = _fresh_seed()
+    q, k, v, alibi = _inputs(case, seed)
+    causal, window = MASKS[case.mask]
+    softcap = SOFTCAP if case.feature == "softcap" else 0.0
+    out = torch.full_like(q, float("nan"))  # poisoned: every element must be written by the kernel
+    result, lse = _run(q, k, v, causal=causal, window_size=window, softcap=softcap, alibi_slopes=alibi, out=out)
+    where = f"{case} seed={seed}"
+    assert result.data_ptr() == out.data_ptr(), f"{where}: out= was not written in place"
+    assert not result.isnan().any(), f"{where}: {int(result.isnan().sum())} outputs never written (still NaN)"
+
+    ref = dict(scale=case.head_dim**-0.5, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi)
+    out64, lse64 = attention_ref(q, k, v, **ref, upcast=True)
+    out_low, _ = attention_ref(q, k, v, **ref, upcast=False)
+    err = (result.double() - out64).abs().max().item()
+    tol = 2 * (out_low.double() - out64).abs().max().item() + 1e-5
+    assert err <= tol, f"{where}: max|out - ref64| = {err:.3e} > {tol:.3e}"
+
+    assert lse.shape == (case.batch, case.nheads, case.seqlen_q) and lse.dtype == torch.float32, where
+    blind = torch.isinf(lse64)
+    assert bool((lse[blind] == float("inf")).all()), f"{where}: rows that see no key must have lse = +inf"
+    lse_err = ((lse.double() - lse64).abs() / (1 + lse64.abs()))[~blind]
+    assert lse_err.numel() == 0 or lse_err.max().item() <= 1e-3, f"{where}: lse off by {lse_err.max().item():.3e}"
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.batch == 7 and c.seqlen_q > 1][:4], ids=str)
+def test_api_matches_runtime(case: Case):
+    q, k, v, alibi = _inputs(case, _fresh_seed())
+    causal, window = MASKS[case.mask]
+    softcap = SOFTCAP if case.feature == "softcap" else 0.0
+    kwargs = dict(causal=causal, window_size=window, softcap=softcap, alibi_slopes=alibi)
+    assert torch.equal(flash_attn_func(q, k, v, **kwargs), _run(q, k, v, **kwargs)[0])
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("nheads_k", [6, 2])
+def test_views_of_packed_qkv(dtype: str, nheads_k: int):
+    """q, k, v sliced out of one packed tensor (strided, last dim dense) read in place give the same result."""
+    b, s, h, d = 3, 257, 6, 64
+    gen = torch.Generator(device="cuda").manual_seed(_fresh_seed())
+    packed = torch.randn(b, s, h + 2 * nheads_k, d, generator=gen, device="cuda", dtype=DTYPES[dtype])
+    q, k, v = packed.split([h, nheads_k, nheads_k], dim=2)
+    assert not q.is_contiguous()
+    for causal in (False, True):
+        expected = flash_attn_func(q.contiguous(), k.contiguous(), v.contiguous(), causal=causal)
+        assert torch.equal(flash_attn_func(q, k, v, causal=causal), expected)
+
+
+def test_requires_grad_inputs_run_forward():
+    gen = torch.Generator(device="cuda").manual_seed(_fresh_seed())
+    q, k, v = (torch.randn(2, 64, 4, 64, generator=gen, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    expected = flash_attn_func(q, k, v)
+    assert torch.equal(flash_attn_func(q.requires_grad_(), k.requires_grad_(), v.requires_grad_()), expected)
+
+
+@pytest.mark.parametrize("seqlen_q,seqlen_k", [(0, 5), (5, 0), (0, 0)])
+def test_empty_sequences(seqlen_q: int, seqlen_k: int):
+    q = torch.randn(2, seqlen_q, 4, 64, device="cuda", dtype=torch.float16)
+    k = torch.randn(2, seqlen_k, 4, 64, device="cuda", dtype=torch.float16)
+    out = flash_attn_func(q, k, k, causal=True)
+    assert out.shape == q.shape and out.dtype == q.dtype and not out.any()
