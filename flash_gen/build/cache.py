@@ -1,0 +1,185 @@
+"""The content-addressed on-disk cubin cache: compile a kernel once per (source, compiler, flags) and reuse
+it across processes.
+
+An entry is `<cache_dir>/<arch>/<key[:2]>/<key>.cubin` plus `<key>.json` (metadata, including the cubin's
+sha256). Files are written to a temp file and renamed, the cubin before the json, so a reader sees either
+no entry or a whole one; writers of one key serialise on `<key>.lock` (flock) and look again once they hold
+it, so N processes asking for the same kernel compile it once. A cubin whose hash does not match its json
+is reported once and rebuilt.
+
+Must not import torch or anything under flash_gen.runtime.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Iterator
+
+from flash_gen import errors, settings
+from flash_gen.build import nvrtc
+from flash_gen.version import FLASH_GEN_VERSION
+
+_reported: set[Path] = set()  # corrupt entries already warned about in this process
+
+
+def cache_key(source: str, entry: str, arch: str, options: tuple[str, ...] = ()) -> str:
+    """sha256 over everything that decides the cubin: flash_gen and NVRTC versions, arch, flags, entry, the
+    source and flash_gen's own headers (the source #includes them, so they are not in its text)."""
+    h = hashlib.sha256()
+    parts = (
+        FLASH_GEN_VERSION,
+        "%d.%d" % nvrtc.nvrtc_version(),
+        arch,
+        nvrtc.compile_options_fingerprint(arch, tuple(options)),
+        entry,
+        _templates_digest(),
+        source,
+    )
+    for part in parts:
+        data = part.encode()
+        h.update(len(data).to_bytes(8, "little") + data)  # length-prefixed: no two part lists collide
+    return h.hexdigest()
+
+
+def _templates_digest() -> str:
+    # Not memoised: headers edited during a session must change the key. It is a handful of small files.
+    h = hashlib.sha256()
+    root = nvrtc.TEMPLATE_INCLUDE_DIR
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+class _Entry:
+    def __init__(self, arch: str, key: str) -> None:
+        folder = settings.cache_dir() / arch / key[:2]
+        self.folder = folder
+        self.cubin = folder / f"{key}.cubin"
+        self.meta = folder / f"{key}.json"
+        self.lock = folder / f"{key}.lock"
+
+    def read(self) -> tuple[tuple[bytes, dict] | None, str | None]:
+        """(hit, None), or (None, None) on a plain miss, or (None, why) when the entry is corrupt."""
+        try:
+            meta = json.loads(self.meta.read_text())
+        except FileNotFoundError:
+            return None, None  # also the case between a writer's cubin rename and json rename
+        except (OSError, ValueError) as e:
+            return None, f"unreadable metadata ({e})"
+        try:
+            cubin = self.cubin.read_bytes()
+        except OSError as e:
+            return None, f"unreadable cubin ({e})"
+        if not isinstance(meta, dict) or hashlib.sha256(cubin).hexdigest() != meta.get("cubin_sha256"):
+            return None, "cubin does not match the sha256 in its metadata"
+        return (cubin, meta), None
+
+
+def lookup(source: str, entry: str, arch: str, options: tuple[str, ...] = ()) -> tuple[bytes, dict] | None:
+    """The cached (cubin, metadata) for this kernel, or None. Never compiles."""
+    ent = _Entry(arch, cache_key(source, entry, arch, options))
+    hit, problem = ent.read()
+    if problem:
+        _report(ent.cubin, problem)
+    return hit
+
+
+def get_or_compile(source: str, entry: str, arch: str, options: tuple[str, ...] = ()) -> tuple[bytes, dict]:
+    """(cubin, metadata) for this kernel, compiling and storing it on a miss. Raises
+    errors.KernelNotAvailable on a miss under FLASH_GEN_NO_JIT and errors.CompileError if NVRTC fails."""
+    options = tuple(options)
+    key = cache_key(source, entry, arch, options)
+    ent = _Entry(arch, key)
+    hit, problem = ent.read()
+    if hit:
+        return hit
+    if problem:
+        _report(ent.cubin, problem)
+    if settings.no_jit():
+        raise errors.KernelNotAvailable(f"{entry} for {arch} (cache key {key[:16]})", str(settings.cache_dir()))
+    ent.folder.mkdir(parents=True, exist_ok=True)
+    with _locked(ent.lock):
+        hit, _ = ent.read()  # another process may have built it while we waited for the lock
+        if hit:
+            return hit
+        why = f"corrupt entry: {problem}" if problem else "cache miss"
+        settings.logger().info("compiling %s for %s (%s, key %s)", entry, arch, why, key[:16])
+        start = time.perf_counter()
+        result = nvrtc.compile_source(source, entry, arch, options)
+        meta = {
+            "entry": entry,
+            "arch": arch,
+            "key": key,
+            "registers": result.registers,
+            "spills": result.spills,
+            "spill_stores": result.spill_stores,
+            "spill_loads": result.spill_loads,
+            "stack_frame": result.stack_frame,
+            "static_smem": result.static_smem,
+            "nvrtc_version": "%d.%d" % nvrtc.nvrtc_version(),
+            "options": nvrtc.compile_options_fingerprint(arch, options),
+            "cubin_sha256": hashlib.sha256(result.cubin).hexdigest(),
+            "compile_seconds": round(time.perf_counter() - start, 3),
+            "created": time.time(),
+        }
+        _atomic_write(ent.cubin, result.cubin)
+        _atomic_write(ent.meta, json.dumps(meta, indent=1).encode())
+    return result.cubin, meta
+
+
+def clear() -> None:
+    """Delete every cached cubin and the saved sources of failed compiles. Not safe to run while another
+    process is writing to the same cache."""
+    root = settings.cache_dir()
+    for sub in (*nvrtc.ARCH_TARGETS, "failed"):
+        shutil.rmtree(root / sub, ignore_errors=True)
+
+
+def info() -> dict:
+    """{"dir": cache dir, "entries": {arch: count}, "bytes": {arch: bytes on disk}}."""
+    root = settings.cache_dir()
+    entries, sizes = {}, {}
+    for arch in nvrtc.ARCH_TARGETS:
+        files = [p for p in (root / arch).glob("*/*") if p.is_file()]
+        entries[arch] = sum(p.suffix == ".json" for p in files)
+        sizes[arch] = sum(p.stat().st_size for p in files)
+    return {"dir": str(root), "entries": entries, "bytes": sizes}
+
+
+def _report(path: Path, problem: str) -> None:
+    if path not in _reported:
+        _reported.add(path)
+        warnings.warn(f"flash_gen: corrupt cache entry {path}: {problem}; recompiling", RuntimeWarning, stacklevel=3)
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

@@ -1,0 +1,212 @@
+"""NVRTC: CUDA C++ source -> cubin + PTX for one arch, and ptxas's resource report for the entry kernel.
+
+Owns the compiler flags, the include path (CuTe/CUTLASS, CUDA and CCCL headers from their pip wheels, plus
+flash_gen's own templates/include) and the fingerprint of both that the cubin cache keys on. Caching is
+not done here (see build/cache.py).
+
+NVRTC serialises compiles inside one process (four threads took as long as four compiles in a row), so
+compile in parallel with processes, not threads.
+
+Must not import torch or anything under flash_gen.runtime.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+import importlib.util
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cuda.bindings import nvrtc
+
+from flash_gen import errors, settings
+
+ARCH_TARGETS = {"sm80": "sm_80", "sm90": "sm_90a", "sm100": "sm_100a"}
+
+TEMPLATE_INCLUDE_DIR = Path(__file__).resolve().parent.parent / "templates" / "include"
+
+# Wheels whose headers the kernels include; their versions stand in for hashing thousands of header files.
+_HEADER_DISTRIBUTIONS = ("nvidia-cutlass", "nvidia-cuda-cccl", "nvidia-cuda-runtime")
+
+# Precompiled headers (-pch --pch-dir=...) are deliberately off. Measured with NVRTC 13.0 (3 compiles in one
+# process, sm_90a, idle 16-core H200 host): a trivial <cute/tensor.hpp> kernel took 2.7/2.1/2.1 s without
+# and 3.8/0.5/0.4 s with PCH, but a GEMM-sized CuTe kernel (TiledMMA + cp.async; template instantiation, not
+# header parsing, dominates its front end) took 10.7/10.8/10.0 s without and 13.1/11.0/10.2 s with: no win
+# for real kernels, and the first compile of every process pays for creating the PCH. It is also fragile:
+# the default PCH heap (256 MiB) is too small for CuTe, so without nvrtcSetPCHHeapSize every compile
+# silently pays the creation cost; a PCH is only valid in the process that made it (NVRTC deletes its
+# ~270 MB files at exit, so a dir under the cache dir would not persist, and a crashed process leaks them);
+# and processes sharing one --pch-dir overwrite each other's files.
+
+
+@functools.lru_cache(maxsize=None)
+def _include_dirs() -> tuple[str, ...]:
+    cccl = _wheel_dir("nvidia.cu13", "include/cccl", "cuda/std/type_traits", "nvidia-cuda-cccl")
+    dirs = (
+        _wheel_dir("cutlass_library", "source/include", "cute/tensor.hpp", "nvidia-cutlass"),
+        _wheel_dir("nvidia.cu13", "include", "cuda_runtime.h", "nvidia-cuda-runtime"),
+        # CUTLASS for CUDA 13 includes <cccl/cuda/std/...> while CCCL itself includes <cuda/std/...>, so both
+        # the cccl dir and its parent are needed; the parent is the CUDA header dir unless the two wheels
+        # were installed to different site-packages.
+        str(Path(cccl).parent),
+        cccl,
+        str(TEMPLATE_INCLUDE_DIR),
+    )
+    return tuple(dict.fromkeys(dirs))  # drop the duplicate parent, keep the order
+
+
+def include_dirs() -> list[str]:
+    """The -I directories: CuTe/CUTLASS, CUDA headers, CCCL (and its parent), then flash_gen/templates/include."""
+    return list(_include_dirs())
+
+
+def _wheel_dir(package: str, subdir: str, marker: str, distribution: str) -> str:
+    """`subdir` of an installed (possibly namespace) package, the first location holding `marker`."""
+    spec = importlib.util.find_spec(package)
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        candidate = Path(location) / subdir
+        if (candidate / marker).is_file():
+            return str(candidate)
+    raise FileNotFoundError(f"cannot find {subdir}/{marker} in package {package}; pip install {distribution}")
+
+
+@functools.lru_cache(maxsize=None)
+def nvrtc_version() -> tuple[int, int]:
+    major, minor = _call(nvrtc.nvrtcVersion(), "nvrtcVersion", "", "")
+    return major, minor
+
+
+@functools.lru_cache(maxsize=None)
+def _header_versions() -> tuple[str, ...]:
+    versions = []
+    for dist in _HEADER_DISTRIBUTIONS:
+        try:
+            versions.append(f"{dist}=={importlib.metadata.version(dist)}")
+        except importlib.metadata.PackageNotFoundError:
+            versions.append(f"{dist}==unknown")
+    return tuple(versions)
+
+
+def _base_options(arch: str) -> list[str]:
+    if arch not in ARCH_TARGETS:
+        raise ValueError(f"arch must be one of {tuple(ARCH_TARGETS)}, got {arch!r}")
+    # --no-cache: when a driver is installed, NVRTC >= 12.9 serves repeat compiles from the driver's compute
+    # cache (~/.nv/ComputeCache), and such a hit skips ptxas, so the resource report is missing (seen on an
+    # H200 machine). build/cache.py already keeps every cubin.
+    opts = [f"-arch={ARCH_TARGETS[arch]}", "-std=c++17", "-default-device", "--ptxas-options=-v", "-lineinfo",
+            "--no-cache"]
+    if not settings.debug():
+        opts.append("-DNDEBUG")
+    return opts
+
+
+def compile_options_fingerprint(arch: str, options: tuple[str, ...] = ()) -> str:
+    """Everything besides the source that decides the compiler's output: flags (FLASH_GEN_DEBUG included),
+    extra options and the versions of the header wheels. Include-dir locations are left out on purpose so
+    the cache is valid wherever the wheels are installed."""
+    return " ".join([*_base_options(arch), *options, *_header_versions()])
+
+
+@dataclass(frozen=True)
+class CompileResult:
+    entry: str
+    arch: str
+    cubin: bytes = field(repr=False)
+    ptx: str = field(repr=False)
+    log: str = field(repr=False)
+    registers: int
+    spill_stores: int
+    spill_loads: int
+    stack_frame: int
+    static_smem: int
+
+    @property
+    def spills(self) -> bool:
+        return self.spill_stores > 0 or self.spill_loads > 0
+
+
+def compile_source(source: str, entry: str, arch: str, options: tuple[str, ...] = ()) -> CompileResult:
+    """Compile `source` for `arch` ("sm80" | "sm90" | "sm100"). `entry` is the kernel's symbol name, so the
+    kernel must be extern "C". Raises errors.CompileError (with the log and the saved source) on failure.
+
+    One compile gives both the cubin and the PTX: NVRTC 13 (checked with 13.0) keeps the PTX of a real-arch
+    (-arch=sm_XX) build, so nvrtcGetPTX needs no second compile for compute_XX."""
+    opts = [*_base_options(arch), *(f"-I{d}" for d in _include_dirs()), *options]
+    prog = _call(nvrtc.nvrtcCreateProgram(source.encode(), f"{entry}.cu".encode(), 0, [], []),
+                 "nvrtcCreateProgram", entry, arch)
+    try:
+        (compiled,) = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
+        log = _program_log(prog, entry, arch)
+        if compiled:
+            path = _save_failed_source(source, entry, arch, opts, log)
+            raise errors.CompileError(entry, arch, log, path)
+        cubin = _get_bytes(prog, nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN, entry, arch)
+        ptx = _get_bytes(prog, nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX, entry, arch).rstrip(b"\0").decode()
+    finally:
+        _call(nvrtc.nvrtcDestroyProgram(prog), "nvrtcDestroyProgram", entry, arch)
+    return CompileResult(entry, arch, cubin, ptx, log, **_parse_ptxas_report(log, entry, arch))
+
+
+def _call(result: tuple, name: str, entry: str, arch: str):
+    """Unpack an nvrtc binding's (status, *values) tuple; a failed status becomes a CompileError."""
+    status, *values = result
+    if status:
+        message = nvrtc.nvrtcGetErrorString(status)[1].decode()
+        raise errors.CompileError(entry, arch, f"{name} failed: {message}", None)
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def _program_log(prog, entry: str, arch: str) -> str:
+    return _get_bytes(prog, nvrtc.nvrtcGetProgramLogSize, nvrtc.nvrtcGetProgramLog, entry, arch).rstrip(
+        b"\0").decode(errors="replace")
+
+
+def _get_bytes(prog, size_fn, get_fn, entry: str, arch: str) -> bytes:
+    size = _call(size_fn(prog), size_fn.__name__, entry, arch)
+    buf = bytearray(size)  # the binding fills it in place
+    _call(get_fn(prog, buf), get_fn.__name__, entry, arch)
+    return bytes(buf)
+
+
+def _save_failed_source(source: str, entry: str, arch: str, opts: list[str], log: str) -> str | None:
+    """Write the source (and options + log beside it) to <cache>/failed/ so the failure can be reproduced."""
+    digest = hashlib.sha256(source.encode()).hexdigest()[:12]
+    path = settings.cache_dir() / "failed" / f"{entry}_{arch}_{digest}.cu"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(source)
+        path.with_suffix(".log").write_text("options: " + " ".join(opts) + "\n\n" + log)
+    except OSError:
+        return None  # an unwritable cache dir must not hide the compile error itself
+    return str(path)
+
+
+_STACK = r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads"
+
+
+def _parse_ptxas_report(log: str, entry: str, arch: str) -> dict[str, int]:
+    """Resources of `entry` from the --ptxas-options=-v report, e.g.
+        ptxas info    : Compiling entry function 'k' for 'sm_80'
+        ptxas info    : Function properties for k
+        ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+        ptxas info    : Used 6 registers, used 0 barriers, 1024 bytes smem, 360 bytes cmem[0]
+    Only the section of `entry` is read: other kernels and non-inlined device functions have their own."""
+    head = f"Compiling entry function '{entry}'"
+    section = log.split(head, 1)[1].split("Compiling entry function", 1)[0] if head in log else ""
+    stack = re.search(rf"Function properties for {re.escape(entry)}\s*\n[^\n]*?{_STACK}", section)
+    used = re.search(r"Used (\d+) registers([^\n]*)", section)
+    if not (stack and used):
+        raise errors.CompileError(
+            entry, arch, log + f"\n[flash_gen] no ptxas report for entry {entry!r}: is the kernel extern \"C\"?", None
+        )
+    smem = re.search(r"(\d+) bytes smem", used.group(2))
+    return {
+        "registers": int(used.group(1)),
+        "stack_frame": int(stack.group(1)),
+        "spill_stores": int(stack.group(2)),
+        "spill_loads": int(stack.group(3)),
+        "static_smem": int(smem.group(1)) if smem else 0,
+    }

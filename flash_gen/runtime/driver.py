@@ -1,0 +1,112 @@
+"""The CUDA driver layer: load a cubin into a device's primary context and launch its kernel.
+
+Kernels take one by-value parameter struct (`__global__ void k(const __grid_constant__ Params p)`), passed
+from a ctypes.Structure. PyTorch runs on each device's primary context, so modules are loaded there and
+launch on PyTorch's streams.
+
+Importing this module does not initialise CUDA (cuInit runs in load_kernel). torch is imported only inside
+device_arch. Must not import anything under flash_gen.build.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+from cuda.bindings import driver as cu
+
+from flash_gen import errors
+
+_MAX_DYNAMIC_SMEM = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+_DEFAULT_SMEM_LIMIT = 48 * 1024  # dynamic shared memory a kernel may use without opting in
+_primary_contexts: dict[int, cu.CUcontext] = {}  # retained once per device, never released (as PyTorch does)
+
+
+def check(result: tuple, call: str):
+    """Unpack a cuda-bindings (CUresult, *values) tuple: raise errors.CudaError on failure, else return
+    None, the single value, or a tuple of values."""
+    err, *values = result
+    if err:
+        raise _cuda_error(call, err)
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def _cuda_error(call: str, err) -> errors.CudaError:
+    return errors.CudaError(call, int(err), getattr(err, "name", str(err)))
+
+
+class Kernel:
+    """One kernel loaded on one device. The module is kept here so the function stays valid."""
+
+    __slots__ = ("entry", "device", "module", "function", "_launch")
+
+    def __init__(self, entry: str, device: int, module: cu.CUmodule, function: cu.CUfunction) -> None:
+        self.entry, self.device, self.module, self.function = entry, device, module, function
+        self._launch = cu.cuLaunchKernel  # bound once: launch is the per-call hot path
+
+    def launch(
+        self,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        smem: int,
+        stream: int,
+        params: ctypes.Structure,
+    ) -> None:
+        """Launch on `stream` (a CUstream handle as an int, e.g. torch.cuda.current_stream().cuda_stream)
+        with `params` as the kernel's single argument. The stream must belong to this kernel's device."""
+        args = (ctypes.c_void_p * 1)(ctypes.addressof(params))  # void*[1] -> the struct; copied at launch
+        (err,) = self._launch(
+            self.function, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, stream,
+            ctypes.addressof(args), 0,
+        )
+        if err:
+            raise _cuda_error("cuLaunchKernel", err)
+
+
+def load_kernel(cubin: bytes, entry: str, smem_bytes: int, device: int) -> Kernel:
+    """Load `cubin` into `device`'s primary context and look up `entry`; `smem_bytes` is the dynamic shared
+    memory the kernel will be launched with (above 48 KiB the kernel must opt in, done here)."""
+    primary = _primary_context(device)
+    current = check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")
+    if not int(current):
+        # Nothing current on this thread yet: make it the primary context, as the runtime API would.
+        check(cu.cuCtxSetCurrent(primary), "cuCtxSetCurrent")
+    # Another device's context is current: load under `device`'s context without changing PyTorch's device.
+    switch = bool(int(current)) and int(current) != int(primary)
+    if switch:
+        check(cu.cuCtxPushCurrent(primary), "cuCtxPushCurrent")
+    try:
+        module = check(cu.cuModuleLoadData(cubin), "cuModuleLoadData")
+        function = check(cu.cuModuleGetFunction(module, entry.encode()), f"cuModuleGetFunction({entry})")
+        if smem_bytes > _DEFAULT_SMEM_LIMIT:
+            check(cu.cuFuncSetAttribute(function, _MAX_DYNAMIC_SMEM, smem_bytes),
+                  f"cuFuncSetAttribute({entry}, MAX_DYNAMIC_SHARED_SIZE_BYTES={smem_bytes})")
+    finally:
+        if switch:
+            check(cu.cuCtxPopCurrent(), "cuCtxPopCurrent")
+    return Kernel(entry, device, module, function)
+
+
+def _primary_context(device: int) -> cu.CUcontext:
+    ctx = _primary_contexts.get(device)
+    if ctx is None:
+        check(cu.cuInit(0), "cuInit")
+        dev = check(cu.cuDeviceGet(device), "cuDeviceGet")
+        ctx = _primary_contexts[device] = check(cu.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+    return ctx
+
+
+def device_arch(device: int) -> str:
+    """The compile target for `device`: "sm80" (8.x), "sm90" (9.0) or "sm100" (10.x)."""
+    import torch  # here, not at module level: only this helper needs it
+
+    major, minor = torch.cuda.get_device_capability(device)
+    if major == 8:
+        return "sm80"
+    if (major, minor) == (9, 0):
+        return "sm90"
+    if major == 10:
+        return "sm100"
+    raise RuntimeError(f"flash_gen has no kernels for compute capability {major}.{minor} (device {device}); "
+                       "supported: 8.x, 9.0, 10.x")

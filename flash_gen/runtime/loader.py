@@ -1,0 +1,35 @@
+"""Kernel loading with an in-process memo: (entry, arch, device, options) -> loaded driver.Kernel.
+
+The first request for a kernel renders its source, takes the cubin from the on-disk cache (compiling on a
+miss) and loads it on the device; every later request is one dict lookup, with no rendering or hashing.
+
+Must not import optuna (nor anything under flash_gen.search): this is on the launch path.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from flash_gen.build import cache
+from flash_gen.runtime import driver
+
+_kernels: dict[tuple, driver.Kernel] = {}
+
+
+def get_kernel(
+    source_fn: Callable[[], str],
+    entry: str,
+    arch: str,
+    smem_bytes: int,
+    device: int,
+    options: tuple[str, ...] = (),
+) -> driver.Kernel:
+    """The kernel `entry` loaded on `device`. `source_fn` renders its source and is only called on the first
+    request. `entry` must name the variant completely (its dynamic shared memory included): it is the memo
+    key together with arch, device and options."""
+    memo_key = (entry, arch, device, options)
+    kernel = _kernels.get(memo_key)
+    if kernel is None:
+        cubin, _ = cache.get_or_compile(source_fn(), entry, arch, options)
+        kernel = _kernels[memo_key] = driver.load_kernel(cubin, entry, smem_bytes, device)
+    return kernel

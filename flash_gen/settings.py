@@ -1,0 +1,66 @@
+"""Every FLASH_GEN_* environment setting, typed, in one place.
+
+Each setting is a function that reads the environment when called, never at import, so a test's
+monkeypatch.setenv (or a user's os.environ change) takes effect at once. The "flash_gen" logger's
+verbosity, which FLASH_GEN_VERBOSE controls, lives here too.
+
+Settings:
+  FLASH_GEN_CACHE_DIR  where compiled kernels are kept (default ~/.cache/flash_gen)
+  FLASH_GEN_DEBUG      compile with device-side asserts on (no -DNDEBUG)
+  FLASH_GEN_VERBOSE    log every compile to stderr
+  FLASH_GEN_NO_JIT     never compile: a kernel missing from the cache raises KernelNotAvailable
+
+Must not import torch, cuda or anything else in flash_gen.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("", "0", "false", "no", "off")
+
+
+def _flag(name: str) -> bool:
+    raw = os.environ.get(name, "").strip().lower()
+    if raw in _TRUE:
+        return True
+    if raw in _FALSE:
+        return False
+    raise ValueError(f"{name}={os.environ[name]!r} is not a boolean; use one of {_TRUE + _FALSE[1:]}")
+
+
+def cache_dir() -> Path:
+    """Root of the on-disk kernel cache (FLASH_GEN_CACHE_DIR, default ~/.cache/flash_gen)."""
+    raw = os.environ.get("FLASH_GEN_CACHE_DIR", "").strip()
+    return Path(raw).expanduser() if raw else Path.home() / ".cache" / "flash_gen"
+
+
+def debug() -> bool:
+    """FLASH_GEN_DEBUG: build kernels with device asserts enabled (a different cache entry than release)."""
+    return _flag("FLASH_GEN_DEBUG")
+
+
+def verbose() -> bool:
+    """FLASH_GEN_VERBOSE: print a line to stderr for every kernel compiled."""
+    return _flag("FLASH_GEN_VERBOSE")
+
+
+def no_jit() -> bool:
+    """FLASH_GEN_NO_JIT: raise KernelNotAvailable instead of compiling a kernel missing from the cache."""
+    return _flag("FLASH_GEN_NO_JIT")
+
+
+def logger() -> logging.Logger:
+    """The "flash_gen" logger. Under FLASH_GEN_VERBOSE it passes INFO records, and when the application has
+    configured no logging at all it gets a stderr handler of its own (once), so the lines are seen."""
+    log = logging.getLogger("flash_gen")
+    if verbose():
+        log.setLevel(logging.INFO)
+        if not log.hasHandlers():
+            handler = logging.StreamHandler()
+            handler.setFormatter(logging.Formatter("[flash_gen] %(message)s"))
+            log.addHandler(handler)
+    return log
