@@ -3,7 +3,7 @@
 Importing this package does no work: no CUDA, no compiler, no file-system access until a function is called.
 """
 
-__version__ = "0.1.0"
+from flash_gen.version import FLASH_GEN_VERSION as __version__  # noqa: E402
 
 from flash_gen.api import flash_attn_func  # noqa: E402  (torch is imported here; CUDA is not touched)
 

@@ -9,6 +9,8 @@ Settings:
   FLASH_GEN_DEBUG      compile with device-side asserts on (no -DNDEBUG)
   FLASH_GEN_VERBOSE    log every compile to stderr
   FLASH_GEN_NO_JIT     never compile: a kernel missing from the cache raises KernelNotAvailable
+  FLASH_GEN_FWD_CONFIG force one forward tiling (a FwdConfig name, e.g. m128n64w4s2) where it is feasible:
+                       for benchmarking configs by hand
 
 Must not import torch, cuda or anything else in flash_gen.
 """
@@ -51,6 +53,11 @@ def verbose() -> bool:
 def no_jit() -> bool:
     """FLASH_GEN_NO_JIT: raise KernelNotAvailable instead of compiling a kernel missing from the cache."""
     return _flag("FLASH_GEN_NO_JIT")
+
+
+def fwd_config() -> str | None:
+    """FLASH_GEN_FWD_CONFIG: a forward config name to use instead of the default, or None."""
+    return os.environ.get("FLASH_GEN_FWD_CONFIG", "").strip() or None
 
 
 def logger() -> logging.Logger:

@@ -1,0 +1,53 @@
+"""Render CUDA C++ for a (key, config) from the Jinja templates in flash_gen/templates.
+
+Templates stay thin (types, constants, one instantiation); the algorithm lives in the versioned headers under
+templates/include, which the NVRTC include path points at. Must not import torch or cuda.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import jinja2
+
+from flash_gen.spec import FwdConfig, FwdKey, infeasible_reason, smem_bytes
+
+TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
+INCLUDE_DIR = TEMPLATE_DIR / "include"
+
+_ELEMENT = {"fp16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t"}
+_MASK = {"none": "kNone", "causal": "kCausal", "local": "kLocal"}
+
+
+@functools.lru_cache(maxsize=1)
+def _env() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def entry_name(key: FwdKey, cfg: FwdConfig) -> str:
+    """The kernel's extern "C" symbol: key and config names joined, unique per variant."""
+    return f"flash_gen_{key.name}__{cfg.name}"
+
+
+def render_fwd(key: FwdKey, cfg: FwdConfig) -> str:
+    """CUDA source of the portable forward kernel for `key` tiled by `cfg`.
+
+    Raises ValueError (with the reason) for a config that cannot be built for this key.
+    """
+    why = infeasible_reason(key, cfg)
+    if why is not None:
+        raise ValueError(f"{cfg.name} cannot be built for {key.name}: {why}")
+    return _env().get_template("fwd_sm80.cu.j2").render(
+        key=key,
+        cfg=cfg,
+        entry=entry_name(key, cfg),
+        element=_ELEMENT[key.dtype],
+        mask=_MASK[key.mask],
+        smem_bytes=smem_bytes(key, cfg),
+    )

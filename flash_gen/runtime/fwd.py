@@ -1,0 +1,137 @@
+"""Launch the forward attention kernel: pick the variant for a call, fill its parameter struct, launch.
+
+Inputs arrive validated and normalised by flash_gen.validate. The per-call path is: one dict hit for the
+loaded kernel (keyed by plain scalars), one ctypes struct, one cuLaunchKernel on PyTorch's current stream;
+no host synchronisation. Must not import optuna.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+
+import torch
+
+from flash_gen.gen.render import entry_name, render_fwd
+from flash_gen.runtime import driver, loader
+from flash_gen import settings
+from flash_gen.spec import FwdConfig, FwdKey, config_from_name, default_config, infeasible_reason, smem_bytes
+
+_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+_LOG2E = math.log2(math.e)
+
+
+class FwdParams(ctypes.Structure):
+    """Mirror of flash_gen::FwdParams (templates/include/flash_gen/fwd_params.cuh): keep the two in step."""
+
+    _fields_ = (
+        [(name, ctypes.c_void_p) for name in ("q", "k", "v", "o", "lse", "alibi_slopes")]
+        + [
+            (f"{t}_{s}_stride", ctypes.c_int64)
+            for t in ("q", "k", "v", "o")
+            for s in ("batch", "row", "head")
+        ]
+        + [("alibi_batch_stride", ctypes.c_int64)]
+        + [
+            (name, ctypes.c_int)
+            for name in ("batch", "nheads", "nheads_k", "seqlen_q", "seqlen_k", "window_left", "window_right")
+        ]
+        + [(name, ctypes.c_float) for name in ("score_scale", "scale_log2", "alibi_scale")]
+    )
+
+
+class _Variant:
+    """A loaded kernel with its launch shape, cached per (device, dtype, head dim, mask, features)."""
+
+    __slots__ = ("kernel", "cfg", "smem", "block")
+
+    def __init__(self, kernel: driver.Kernel, cfg: FwdConfig, smem: int) -> None:
+        self.kernel, self.cfg, self.smem = kernel, cfg, smem
+        self.block = (cfg.num_threads, 1, 1)
+
+
+_variants: dict[tuple, _Variant] = {}
+_archs: dict[int, str] = {}
+
+
+def _variant(device: int, dtype: str, head_dim: int, mask: str, softcap: bool, alibi: bool) -> _Variant:
+    lookup = (device, dtype, head_dim, mask, softcap, alibi)
+    var = _variants.get(lookup)
+    if var is None:
+        arch = _archs.get(device) or _archs.setdefault(device, driver.device_arch(device))
+        key = FwdKey(arch, dtype, head_dim, mask, softcap, alibi)
+        cfg = _config(key)
+        smem = smem_bytes(key, cfg)
+        kernel = loader.get_kernel(lambda: render_fwd(key, cfg), entry_name(key, cfg), arch, smem, device)
+        var = _variants[lookup] = _Variant(kernel, cfg, smem)
+    return var
+
+
+def _config(key: FwdKey) -> FwdConfig:
+    forced = settings.fwd_config()
+    if forced is not None:
+        cfg = config_from_name(forced)
+        if infeasible_reason(key, cfg) is None:
+            return cfg
+    return default_config(key)
+
+
+def attention_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    softmax_scale: float,
+    causal: bool,
+    window_size: tuple[int, int],
+    softcap: float,
+    alibi_slopes: torch.Tensor | None,
+    out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward attention on validated inputs; returns (out, softmax_lse).
+
+    q (b, sq, h, d), k/v (b, sk, hk, d), last dim contiguous; `window_size` uses -1 for an unbounded side and
+    `causal` is exclusive with a finite window (validate normalises both). `out`, when given, is written in
+    place (shape of q, last dim contiguous). softmax_lse is (b, h, sq) float32, +inf for rows that see no key.
+    """
+    batch, seqlen_q, nheads, head_dim = q.shape
+    seqlen_k, nheads_k = k.shape[1], k.shape[2]
+    left, right = window_size
+    if causal:
+        mask = "causal"
+    elif left >= 0 or right >= 0:
+        mask = "local"
+    else:
+        mask = "none"
+    var = _variant(q.device.index, _DTYPES[q.dtype], head_dim, mask, softcap > 0, alibi_slopes is not None)
+
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((batch, nheads, seqlen_q), dtype=torch.float32, device=q.device)
+
+    unbounded = seqlen_q + seqlen_k  # past every key, so the kernel compares plain integers
+    p = FwdParams()
+    p.q, p.k, p.v, p.o, p.lse = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr()
+    p.q_batch_stride, p.q_row_stride, p.q_head_stride = q.stride(0), q.stride(1), q.stride(2)
+    p.k_batch_stride, p.k_row_stride, p.k_head_stride = k.stride(0), k.stride(1), k.stride(2)
+    p.v_batch_stride, p.v_row_stride, p.v_head_stride = v.stride(0), v.stride(1), v.stride(2)
+    p.o_batch_stride, p.o_row_stride, p.o_head_stride = out.stride(0), out.stride(1), out.stride(2)
+    p.batch, p.nheads, p.nheads_k, p.seqlen_q, p.seqlen_k = batch, nheads, nheads_k, seqlen_q, seqlen_k
+    p.window_left = left if mask == "local" and left >= 0 else unbounded
+    p.window_right = 0 if causal else (right if right >= 0 else unbounded)
+    if softcap > 0:
+        p.score_scale = softmax_scale / softcap
+        p.scale_log2 = softcap * _LOG2E
+        p.alibi_scale = 1.0 / softcap
+    else:
+        p.score_scale = 1.0
+        p.scale_log2 = softmax_scale * _LOG2E
+        p.alibi_scale = 1.0 / softmax_scale
+    if alibi_slopes is not None:
+        p.alibi_slopes = alibi_slopes.data_ptr()
+        p.alibi_batch_stride = alibi_slopes.stride(0) if alibi_slopes.dim() == 2 else 0
+
+    grid = ((seqlen_q + var.cfg.block_m - 1) // var.cfg.block_m, nheads, batch)
+    stream = torch.cuda.current_stream(q.device).cuda_stream
+    var.kernel.launch(grid, var.block, var.smem, stream, p)
+    return out, lse

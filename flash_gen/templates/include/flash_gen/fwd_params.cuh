@@ -1,0 +1,34 @@
+// Forward-kernel launch parameters, passed by value as one __grid_constant__ struct.
+// flash_gen/runtime/fwd.py mirrors this layout with ctypes: change both together.
+#pragma once
+#include <cuda/std/cstdint>
+
+namespace flash_gen {
+using cuda::std::int64_t;
+
+struct FwdParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* o;
+  float* lse;                  // (batch, nheads, seqlen_q), contiguous
+  const float* alibi_slopes;   // (nheads,) or (batch, nheads); nullptr unless the kernel is built with ALiBi
+
+  // Element strides; the last dim of every tensor is contiguous.
+  int64_t q_batch_stride, q_row_stride, q_head_stride;
+  int64_t k_batch_stride, k_row_stride, k_head_stride;
+  int64_t v_batch_stride, v_row_stride, v_head_stride;
+  int64_t o_batch_stride, o_row_stride, o_head_stride;
+  int64_t alibi_batch_stride;  // 0 when the slopes are shared across the batch
+
+  int batch, nheads, nheads_k, seqlen_q, seqlen_k;
+  // Visible keys of query i: [i + seqlen_k - seqlen_q - window_left, i + seqlen_k - seqlen_q + window_right].
+  // The host turns "infinite" (-1) into a bound past the sequence, so the kernel compares plain integers.
+  int window_left, window_right;
+
+  float score_scale;  // softcap only: QK^T is multiplied by softmax_scale / softcap before tanh
+  float scale_log2;   // turns a score into a base-2 logit: softmax_scale*log2(e), or softcap*log2(e)
+  float alibi_scale;  // turns slope*distance into score units: 1/softmax_scale, or 1/softcap
+};
+
+}  // namespace flash_gen

@@ -1,0 +1,335 @@
+// The portable forward kernel: FlashAttention-2's algorithm on mma.sync, ldmatrix and cp.async (Sm80 and
+// newer). One CTA owns a block_m-row tile of Q for one (batch, head), keeps it in smem (or registers), and
+// streams K/V tiles from the last visible one down to the first; scores go through an online base-2
+// softmax with the scale folded into one FMA; masking costs only the tiles that a mask or a sequence end cuts.
+#pragma once
+#include "flash_gen/fwd_params.cuh"
+#include "flash_gen/sm80_utils.cuh"
+
+namespace flash_gen {
+
+enum class Mask { kNone = 0, kCausal = 1, kLocal = 2 };
+
+template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, int kStages_, bool kQInRegs_,
+          Mask kMask_, bool kSoftcap_, bool kAlibi_>
+struct FwdTraits {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;                 // what loads and stores touch
+  static constexpr int kHeadDimMma = (kHeadDim + 15) / 16 * 16;  // what the MMAs compute (zero-padded)
+  static constexpr int kBlockM = kBlockM_;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kNWarps = kNWarps_;
+  static constexpr int kNThreads = kNWarps * 32;
+  static constexpr int kStages = kStages_;
+  static constexpr bool kQInRegs = kQInRegs_;
+  static constexpr Mask kMask = kMask_;
+  static constexpr bool kSoftcap = kSoftcap_;
+  static constexpr bool kAlibi = kAlibi_;
+  static constexpr bool kHasRightBound = kMask != Mask::kNone;
+  static constexpr bool kHasLeftBound = kMask == Mask::kLocal;
+  static_assert(kBlockM % (16 * kNWarps) == 0, "each warp owns whole 16-row MMA tiles");
+  static_assert(kBlockN % 16 == 0, "block_n is the k-extent of P@V");
+
+  // Warps tile M; N=16 per step so ldmatrix.x4 feeds two n8 MMAs of B at once.
+  using TiledMma = TiledMMA<Sm80MmaAtom<Element>, Layout<Shape<Int<kNWarps>, _1, _1>>,
+                            Tile<Int<16 * kNWarps>, _16, _16>>;
+
+  using Smem = SmemTile<kHeadDimMma>;
+  using SmemLayoutQ = decltype(tile_to_shape(typename Smem::Atom{}, Shape<Int<kBlockM>, Int<kHeadDimMma>>{}));
+  using SmemLayoutKV =
+      decltype(tile_to_shape(typename Smem::Atom{}, Shape<Int<kBlockN>, Int<kHeadDimMma>, Int<kStages>>{}));
+  // V read transposed (head dim x keys) as the B operand of P@V: same bytes, permuted coordinates.
+  using SmemLayoutVt = decltype(composition(
+      SmemLayoutKV{}, make_layout(Shape<Int<kHeadDimMma>, Int<kBlockN>, Int<kStages>>{},
+                                  Stride<Int<kBlockN>, _1, Int<kBlockN * kHeadDimMma>>{})));
+  static constexpr int kSmemElems = kBlockM * kHeadDimMma + 2 * kStages * kBlockN * kHeadDimMma;
+  static constexpr int kSmemBytes = kSmemElems * int(sizeof(Element));
+
+  using GmemThreads = Layout<Shape<Int<kNThreads / Smem::kThreadsPerRow>, Int<Smem::kThreadsPerRow>>,
+                             Stride<Int<Smem::kThreadsPerRow>, _1>>;
+  using GmemLoad = decltype(make_tiled_copy(Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>, Element>{},
+                                            GmemThreads{}, Layout<Shape<_1, _8>>{}));
+  using GmemStore = decltype(make_tiled_copy(Copy_Atom<UniversalCopy<uint128_t>, Element>{}, GmemThreads{},
+                                             Layout<Shape<_1, _8>>{}));
+};
+
+template <class T>
+__device__ __forceinline__ void fwd_kernel(FwdParams const& p) {
+  using Element = typename T::Element;
+  constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kD = T::kHeadDimMma;
+  extern __shared__ __align__(128) char smem_buf[];
+
+  const int tidx = threadIdx.x;
+  // Within a head, the last query tiles see the most keys under a causal mask: start them first.
+  const int m_block = gridDim.x - 1 - blockIdx.x;
+  const int head = blockIdx.y, batch = blockIdx.z;
+  const int head_k = head / (p.nheads / p.nheads_k);
+  const int row0 = m_block * kBlockM;
+  const int diag = p.seqlen_k - p.seqlen_q;  // bottom-right alignment of causal/local masks
+
+  // Key tiles [n_min, n_max) that any row of this query tile can see.
+  int n_max = (p.seqlen_k + kBlockN - 1) / kBlockN;
+  int n_min = 0;
+  if constexpr (T::kHasRightBound) {
+    const int last_col = min(row0 + kBlockM, p.seqlen_q) - 1 + diag + p.window_right;  // inclusive
+    n_max = min(n_max, max(0, last_col + kBlockN) / kBlockN);
+  }
+  if constexpr (T::kHasLeftBound) {
+    n_min = max(0, row0 + diag - p.window_left) / kBlockN;
+  }
+
+  auto* q_ptr = static_cast<const Element*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride;
+  auto* k_ptr = static_cast<const Element*>(p.k) + batch * p.k_batch_stride + head_k * p.k_head_stride;
+  auto* v_ptr = static_cast<const Element*>(p.v) + batch * p.v_batch_stride + head_k * p.v_head_stride;
+  auto* o_ptr = static_cast<Element*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride;
+  float* lse_ptr = p.lse + (int64_t(batch) * p.nheads + head) * p.seqlen_q;
+
+  Tensor gQ = local_tile(make_tensor(make_gmem_ptr(q_ptr), make_shape(p.seqlen_q, Int<kD>{}),
+                                     make_stride(p.q_row_stride, _1{})),
+                         Shape<Int<kBlockM>, Int<kD>>{}, make_coord(m_block, 0));
+  Tensor gO = local_tile(make_tensor(make_gmem_ptr(o_ptr), make_shape(p.seqlen_q, Int<kD>{}),
+                                     make_stride(p.o_row_stride, _1{})),
+                         Shape<Int<kBlockM>, Int<kD>>{}, make_coord(m_block, 0));
+  Tensor gK = local_tile(make_tensor(make_gmem_ptr(k_ptr), make_shape(p.seqlen_k, Int<kD>{}),
+                                     make_stride(p.k_row_stride, _1{})),
+                         Shape<Int<kBlockN>, Int<kD>>{}, make_coord(_, 0));  // (BN, D, n)
+  Tensor gV = local_tile(make_tensor(make_gmem_ptr(v_ptr), make_shape(p.seqlen_k, Int<kD>{}),
+                                     make_stride(p.v_row_stride, _1{})),
+                         Shape<Int<kBlockN>, Int<kD>>{}, make_coord(_, 0));
+
+  Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem_buf)), typename T::SmemLayoutQ{});
+  Tensor sK = make_tensor(sQ.data() + size(sQ), typename T::SmemLayoutKV{});  // (BN, D, stage)
+  Tensor sV = make_tensor(sK.data() + size(sK), typename T::SmemLayoutKV{});
+  Tensor sVt = make_tensor(sV.data(), typename T::SmemLayoutVt{});  // (D, BN, stage)
+
+  // Identity tensors give each thread the (row, col) of every element it holds.
+  Tensor cQ = make_identity_tensor(Shape<Int<kBlockM>, Int<kD>>{});
+  Tensor cKV = make_identity_tensor(Shape<Int<kBlockN>, Int<kD>>{});
+
+  if (n_max <= n_min) {
+    // No visible key for any row (e.g. causal with seqlen_q > seqlen_k): output 0, lse = +inf.
+    auto thr = typename T::GmemStore{}.get_thread_slice(tidx);
+    Tensor tOgO = thr.partition_D(gO);
+    Tensor tOcO = thr.partition_D(cQ);
+    CUTE_UNROLL
+    for (int m = 0; m < size<1>(tOgO); ++m) {
+      CUTE_UNROLL
+      for (int k = 0; k < size<2>(tOgO); ++k) {
+        if (row0 + get<0>(tOcO(0, m, k)) < p.seqlen_q && get<1>(tOcO(0, m, k)) < T::kHeadDim) {
+          *reinterpret_cast<uint4*>(&tOgO(0, m, k)) = make_uint4(0, 0, 0, 0);  // 8 elements of +0.0
+        }
+      }
+    }
+    for (int r = tidx; r < kBlockM; r += T::kNThreads) {
+      if (row0 + r < p.seqlen_q) lse_ptr[row0 + r] = inf();
+    }
+    return;
+  }
+
+  typename T::GmemLoad load;
+  auto load_thr = load.get_thread_slice(tidx);
+  Tensor tQgQ = load_thr.partition_S(gQ);
+  Tensor tQsQ = load_thr.partition_D(sQ);
+  Tensor tQcQ = load_thr.partition_D(cQ);
+  Tensor tKgK = load_thr.partition_S(gK);  // (CPY, CPY_N, CPY_K, n)
+  Tensor tKsK = load_thr.partition_D(sK);  // (CPY, CPY_N, CPY_K, stage)
+  Tensor tVgV = load_thr.partition_S(gV);
+  Tensor tVsV = load_thr.partition_D(sV);
+  Tensor tKVcKV = load_thr.partition_D(cKV);
+
+  const int q_rows = p.seqlen_q - row0;
+  auto load_k = [&](int n, int stage) {
+    copy_zfill(load, tKgK(_, _, _, n), tKsK(_, _, _, stage), tKVcKV, p.seqlen_k - n * kBlockN, T::kHeadDim);
+  };
+  auto load_v = [&](int n, int stage) {
+    copy_zfill(load, tVgV(_, _, _, n), tVsV(_, _, _, stage), tKVcKV, p.seqlen_k - n * kBlockN, T::kHeadDim);
+  };
+
+  typename T::TiledMma mma;
+  auto thr_mma = mma.get_thread_slice(tidx);
+  Tensor tSrQ = thr_mma.partition_fragment_A(sQ);                 // (MMA, MMA_M, MMA_K)
+  Tensor tSrK = thr_mma.partition_fragment_B(sK(_, _, 0));        // (MMA, MMA_N, MMA_K)
+  Tensor tOrVt = thr_mma.partition_fragment_B(sVt(_, _, 0));      // (MMA, MMA_D, MMA_K)
+  Tensor acc_o = partition_fragment_C(mma, Shape<Int<kBlockM>, Int<kD>>{});
+
+  auto copy_q = make_tiled_copy_A(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, mma);
+  auto copy_k = make_tiled_copy_B(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, mma);
+  auto copy_vt = make_tiled_copy_B(Copy_Atom<SM75_U16x8_LDSM_T, Element>{}, mma);
+  Tensor tSsQ = copy_q.get_thread_slice(tidx).partition_S(sQ);
+  Tensor tSsK = copy_k.get_thread_slice(tidx).partition_S(sK);     // (CPY, CPY_N, CPY_K, stage)
+  Tensor tOsVt = copy_vt.get_thread_slice(tidx).partition_S(sVt);  // (CPY, CPY_D, CPY_K, stage)
+
+  // (row, col) of each accumulator element, as (rows, cols) views matching acc_rowcol.
+  Tensor tScS = thr_mma.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
+  Tensor tScS_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
+  constexpr int kRows = decltype(size<0>(tScS_rc))::value;  // accumulator rows this thread holds
+  constexpr int kCols = decltype(size<1>(tScS_rc))::value;
+
+  // Prologue: Q and the first K (and, with a multi-stage ring, the first kStages-1 K/V tiles).
+  copy_zfill(load, tQgQ, tQsQ, tQcQ, q_rows, T::kHeadDim);
+  if constexpr (T::kStages == 1) {
+    load_k(n_max - 1, 0);
+    cp_async_fence();
+  } else {
+    CUTE_UNROLL
+    for (int s = 0; s < T::kStages - 1; ++s) {
+      if (n_max - 1 - s >= n_min) {
+        load_k(n_max - 1 - s, s);
+        load_v(n_max - 1 - s, s);
+      }
+      cp_async_fence();  // always commit, so the wait counts below are uniform
+    }
+  }
+  if constexpr (T::kQInRegs) {
+    cp_async_wait<0>();
+    __syncthreads();
+    copy(copy_q, tSsQ, copy_q.get_thread_slice(tidx).retile_D(tSrQ));
+  }
+
+  clear(acc_o);
+  float row_max[kRows], row_sum[kRows];
+  CUTE_UNROLL
+  for (int r = 0; r < kRows; ++r) {
+    row_max[r] = -inf();
+    row_sum[r] = 0.f;
+  }
+
+  float slope = 0.f;
+  if constexpr (T::kAlibi) slope = p.alibi_slopes[batch * p.alibi_batch_stride + head] * p.alibi_scale;
+
+  for (int n = n_max - 1, it = 0; n >= n_min; --n, ++it) {
+    const int stage = T::kStages == 1 ? 0 : it % T::kStages;
+    if constexpr (T::kStages == 1) {
+      cp_async_wait<0>();
+      __syncthreads();  // K[n] visible to all; every warp is done reading V[n+1]
+      load_v(n, 0);
+      cp_async_fence();
+    } else {
+      cp_async_wait<T::kStages - 2>();
+      __syncthreads();  // tile n visible to all; every warp is done with the stage refilled below
+      const int n_next = n - (T::kStages - 1);
+      if (n_next >= n_min) {
+        const int s_next = (it + T::kStages - 1) % T::kStages;
+        load_k(n_next, s_next);
+        load_v(n_next, s_next);
+      }
+      cp_async_fence();
+    }
+
+    Tensor acc_s = partition_fragment_C(mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
+    clear(acc_s);
+    gemm_smem<T::kQInRegs>(acc_s, tSrQ, tSrK, tSsQ, tSsK(_, _, _, stage), mma, copy_q, copy_k, tidx);
+
+    if constexpr (T::kStages == 1) {
+      cp_async_wait<0>();
+      __syncthreads();  // V[n] visible to all; every warp is done reading K[n]
+      if (n > n_min) {
+        load_k(n - 1, 0);
+        cp_async_fence();
+      }
+    }
+
+    Tensor s = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));
+    if constexpr (T::kSoftcap) {
+      CUTE_UNROLL
+      for (int i = 0; i < size(s); ++i) s(i) = tanhf(s(i) * p.score_scale);
+    }
+    const int col0 = n * kBlockN;
+    if constexpr (T::kAlibi) {
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        const int row = row0 + get<0>(tScS_rc(r, 0)) + diag;
+        CUTE_UNROLL
+        for (int c = 0; c < kCols; ++c) s(r, c) -= slope * float(abs(row - (col0 + get<1>(tScS_rc(r, c)))));
+      }
+    }
+    // Per-element masking only where this tile crosses the sequence end or a mask boundary.
+    bool cut = col0 + kBlockN > p.seqlen_k;
+    if constexpr (T::kHasRightBound) cut |= col0 + kBlockN - 1 > row0 + diag + p.window_right;
+    if constexpr (T::kHasLeftBound) cut |= col0 < row0 + kBlockM - 1 + diag - p.window_left;
+    if (cut) {
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        const int row = row0 + get<0>(tScS_rc(r, 0)) + diag;
+        CUTE_UNROLL
+        for (int c = 0; c < kCols; ++c) {
+          const int col = col0 + get<1>(tScS_rc(r, c));
+          bool masked = col >= p.seqlen_k;
+          if constexpr (T::kHasRightBound) masked |= col > row + p.window_right;
+          if constexpr (T::kHasLeftBound) masked |= col < row - p.window_left;
+          if (masked) s(r, c) = -inf();
+        }
+      }
+    }
+
+    // Online softmax in base 2: p = exp2(s*scale_log2 - max*scale_log2), one FFMA per element.
+    Tensor o_rc = make_tensor(acc_o.data(), acc_rowcol(acc_o.layout()));
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      float m = row_max[r];
+      CUTE_UNROLL
+      for (int c = 0; c < kCols; ++c) m = fmaxf(m, s(r, c));
+      m = quad_max(m);
+      // A row with nothing visible yet keeps max = -inf; subtract 0 instead so exp2 gives 0, not NaN.
+      const float m_scaled = m == -inf() ? 0.f : m * p.scale_log2;
+      const float correction = fast_exp2(row_max[r] * p.scale_log2 - m_scaled);
+      row_max[r] = m;
+      float sum = 0.f;
+      CUTE_UNROLL
+      for (int c = 0; c < kCols; ++c) {
+        s(r, c) = fast_exp2(s(r, c) * p.scale_log2 - m_scaled);
+        sum += s(r, c);
+      }
+      row_sum[r] = row_sum[r] * correction + sum;  // thread-partial; the quad is summed once at the end
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(o_rc); ++c) o_rc(r, c) *= correction;
+    }
+
+    Tensor p_frag = convert_to<Element>(acc_s);
+    Tensor tOrP = make_tensor(p_frag.data(), acc_as_a_operand(p_frag.layout()));
+    gemm_reg_smem(acc_o, tOrP, tOrVt, tOsVt(_, _, _, stage), mma, copy_vt, tidx);
+  }
+
+  // Epilogue: normalise, write lse, stage O through smem (reusing Q's rows, which only this warp read) and
+  // store it with 16-byte vectors.
+  Tensor o_rc = make_tensor(acc_o.data(), acc_rowcol(acc_o.layout()));
+  Tensor tOcO_acc = thr_mma.partition_C(cQ);
+  Tensor tOcO_rc = make_tensor(tOcO_acc.data(), acc_rowcol(tOcO_acc.layout()));
+  CUTE_UNROLL
+  for (int r = 0; r < kRows; ++r) {
+    const float sum = quad_sum(row_sum[r]);
+    const bool empty = sum == 0.f || sum != sum;
+    const float inv = empty ? 1.f : 1.f / sum;
+    CUTE_UNROLL
+    for (int c = 0; c < size<1>(o_rc); ++c) o_rc(r, c) *= inv;
+    const int row = get<0>(tOcO_rc(r, 0));
+    if (get<1>(tOcO_rc(r, 0)) == 0 && row0 + row < p.seqlen_q) {
+      lse_ptr[row0 + row] = empty ? inf() : (row_max[r] * p.scale_log2 + log2f(sum)) * 0.69314718055994531f;
+    }
+  }
+
+  Tensor o_frag = convert_to<Element>(acc_o);
+  Tensor sO = make_tensor(sQ.data(), typename T::SmemLayoutQ{});
+  auto copy_o = make_tiled_copy_C(Copy_Atom<AutoVectorizingCopyWithAssumedAlignment<32>, Element>{}, mma);
+  auto thr_copy_o = copy_o.get_thread_slice(tidx);
+  // A warp reads (ldmatrix) and writes (here) only its own rows of sQ, so a warp barrier suffices.
+  __syncwarp();
+  copy(copy_o, thr_copy_o.retile_S(o_frag), thr_copy_o.partition_D(sO));
+  __syncthreads();
+
+  typename T::GmemStore store;
+  auto store_thr = store.get_thread_slice(tidx);
+  Tensor tOsO = store_thr.partition_S(sO);
+  Tensor tOgO = store_thr.partition_D(gO);
+  Tensor tOcO = store_thr.partition_D(cQ);
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(tOgO); ++m) {
+    if (get<0>(tOcO(0, m, 0)) >= q_rows) continue;
+    CUTE_UNROLL
+    for (int k = 0; k < size<2>(tOgO); ++k) {
+      if (get<1>(tOcO(0, m, k)) < T::kHeadDim) copy(store, tOsO(_, m, k), tOgO(_, m, k));
+    }
+  }
+}
+
+}  // namespace flash_gen

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One call on a lent GPU machine: install carried wheels, run the GPU tests in parallel workers (each JIT-
+# compiles what it needs into one shared cache, so the 16 cores compile while the GPU tests), then the forward
+# benchmark against SDPA's FLASH and CUDNN backends. Full logs land in $OUT; the tables print last.
+#   usage: scripts/device_check.sh [pytest args...]      (env: JOBS, BENCH_ARGS, SKIP_TESTS, SKIP_BENCH)
+set -uo pipefail
+OUT=${OUT:-$PWD/.out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 FLASH_GEN_CACHE_DIR=${FLASH_GEN_CACHE_DIR:-/tmp/flash_gen_cache}
+if compgen -G ".whl/*.whl" >/dev/null; then  # packages the machine lacks (CUTLASS headers, CCCL 13.0)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/device.txt"
+rc=0
+if [ -z "${SKIP_TESTS:-}" ]; then
+  timeout "${TEST_TIMEOUT:-420}" python3 -m pytest -m gpu -q -n "${JOBS:-16}" -p no:cacheprovider "$@" tests/ \
+    >"$OUT/pytest.log" 2>&1 || rc=$?
+  grep -E "passed|failed|error" "$OUT/pytest.log" | tail -n 40
+fi
+if [ -z "${SKIP_BENCH:-}" ]; then
+  python3 -m flash_gen.cli bench ${BENCH_ARGS:---hdim 64,128,256 --seqlen 1024,2048,4096,8192,16384 --causal both} \
+    --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | tail -n 45
+fi
+exit $rc
