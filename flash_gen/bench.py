@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flash_gen
+from flash_gen.spec import config_from_name
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 PEERS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
@@ -65,6 +66,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=tuple(PEERS),
         help=f"SDPA backends to compare with (comma list of {', '.join(PEERS)})",
     )
+    parser.add_argument(
+        "--configs",
+        type=lambda text: tuple(c for c in text.split(",") if c),
+        default=(),
+        help="also time flash_gen forced to these tilings (FwdConfig names, e.g. m128n64w4s2), as fg:NAME columns",
+    )
     parser.add_argument("--json", default="bench_fwd.json", help="write every number here (default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=3, help="timings per cell, interleaved; the median is kept")
 
@@ -79,7 +86,10 @@ def run(args: argparse.Namespace) -> int:
         print("flash-gen bench needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
         return 2
     timer_name, timer = _timer()
-    impls = {"flash_gen": contextlib.nullcontext, **{p: functools.partial(sdpa_kernel, PEERS[p]) for p in args.peers}}
+    impls = {"flash_gen": (contextlib.nullcontext, _flash_gen)}
+    for name in args.configs:
+        impls[f"fg:{name}"] = (contextlib.nullcontext, functools.partial(_flash_gen, config=config_from_name(name)))
+    impls.update({p: (functools.partial(sdpa_kernel, PEERS[p]), _sdpa) for p in args.peers})
     l2_bytes = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0)
     results = []
     for hdim, causal, seqlen in itertools.product(args.hdim, CAUSAL[args.causal], args.seqlen):
@@ -111,12 +121,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, use_flash_gen: bool) -> torch.Tensor:
-    """One forward call on (batch, seqlen, heads, dim) inputs, by flash_gen or by SDPA (whichever backend the
-    caller's context selects). SDPA takes (batch, heads, seqlen, dim): the transposes are views, so every
-    implementation reads the same memory layout."""
-    if use_flash_gen:
+def _flash_gen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, config=None) -> torch.Tensor:
+    """flash_gen's forward as a user calls it, or (with `config`) forced to one tiling through the runtime."""
+    if config is None:
         return flash_gen.flash_attn_func(q, k, v, causal=causal)
+    from flash_gen.runtime.fwd import attention_fwd
+
+    return attention_fwd(q, k, v, softmax_scale=q.shape[-1] ** -0.5, causal=causal, window_size=(-1, -1),
+                         softcap=0.0, alibi_slopes=None, config=config)[0]
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+    """SDPA with whichever backend the caller's context selects. SDPA takes (batch, heads, seqlen, dim): the
+    transposes are views, so every implementation reads the same memory layout."""
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal)
     return out.transpose(1, 2)
 
@@ -137,11 +154,11 @@ def _bench_shape(shape: Shape, impls: dict, timer: Callable, repeats: int, l2_by
     errors: dict[str, str] = {}
     # Interleave the implementations so clock or thermal drift during the run hits all of them alike.
     for _ in range(repeats):
-        for name, backend in impls.items():
+        for name, (backend, impl) in impls.items():
             if name in errors:
                 continue
             rotation = itertools.cycle(sets)
-            fn = lambda: _attention(*next(rotation), shape.causal, name == "flash_gen")  # noqa: E731
+            fn = lambda: impl(*next(rotation), shape.causal)  # noqa: E731
             try:
                 with backend():
                     fn()  # first call: JIT compile / kernel selection stays out of the timing
@@ -164,7 +181,7 @@ def _bench_shape(shape: Shape, impls: dict, timer: Callable, repeats: int, l2_by
 def _max_abs_diff(qkv: tuple[torch.Tensor, ...], causal: bool) -> float | None:
     """flash_gen against SDPA's default backend on one input set: a cheap sanity check, not the test-suite."""
     try:
-        diff = _attention(*qkv, causal, True).float() - _attention(*qkv, causal, False).float()
+        diff = _flash_gen(*qkv, causal).float() - _sdpa(*qkv, causal).float()
         return diff.abs().max().item()
     except Exception:  # flash_gen's own failure is already reported with its timing
         return None
@@ -223,9 +240,9 @@ def _print_table(results: list[dict], impls: list[str]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    peers = [name for name in impls if name != "flash_gen"]
+    peers = [name for name in impls if name in PEERS]
     table = Table(title=f"Forward TFLOP/s on {torch.cuda.get_device_name()} (FA2, cuDNN: torch SDPA backends)")
-    for col in ("hdim", "causal", "seqlen", *(LABELS[n] for n in impls), *(f"fg/{LABELS[p]}" for p in peers)):
+    for col in ("hdim", "causal", "seqlen", *(LABELS.get(n, n) for n in impls), *(f"fg/{LABELS[p]}" for p in peers)):
         table.add_column(col, justify="right")
     table.add_column("max|Δ| vs SDPA", justify="right")
     for row in results:

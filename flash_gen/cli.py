@@ -49,13 +49,13 @@ class Compiled:
         return self.result is not None and not self.result.spills
 
 
-def compile_default(key: spec.FwdKey) -> Compiled:
-    """Render and compile `key` with its default config. Failures are returned, not raised, so one broken
-    variant never hides the report of the others."""
+def compile_variant(key: spec.FwdKey, cfg: spec.FwdConfig) -> Compiled:
+    """Render and compile `key` tiled by `cfg`, and store the cubin in the kernel cache (so the runtime finds
+    it). Failures are returned, not raised, so one broken variant never hides the report of the others."""
+    from flash_gen.build import cache
     from flash_gen.build.nvrtc import compile_source
     from flash_gen.gen.render import entry_name, render_fwd
 
-    cfg = spec.default_config(key)
     entry = entry_name(key, cfg)
     source = None
     start = time.perf_counter()
@@ -63,9 +63,24 @@ def compile_default(key: spec.FwdKey) -> Compiled:
         source = render_fwd(key, cfg)
         start = time.perf_counter()
         result = compile_source(source, entry, key.arch)
+        cache.store(source, key.arch, (), result, time.perf_counter() - start)
     except Exception as e:  # reported in the table and below it
         return Compiled(key, cfg, entry, source, None, time.perf_counter() - start, f"{type(e).__name__}: {e}")
     return Compiled(key, cfg, entry, source, result, time.perf_counter() - start, None)
+
+
+def _variants(args: argparse.Namespace) -> list[tuple[spec.FwdKey, spec.FwdConfig]]:
+    """Selected keys x (their default config, or each --configs tiling that is feasible for the key)."""
+    keys = spec.enumerate_keys(args.arch, args.dtype, args.hdim, args.mask, ((args.softcap, args.alibi),))
+    out = []
+    for key in keys:
+        if not args.configs:
+            out.append((key, spec.default_config(key)))
+        for name in args.configs:
+            cfg = spec.config_from_name(name)
+            if spec.infeasible_reason(key, cfg) is None:
+                out.append((key, cfg))
+    return out
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
@@ -73,11 +88,12 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     from rich.progress import track
     from rich.table import Table
 
-    keys = list(spec.enumerate_keys(args.arch, args.dtype, args.hdim, args.mask, ((args.softcap, args.alibi),)))
+    variants = _variants(args)
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        done = list(track(pool.map(compile_default, keys), total=len(keys), description="compiling", transient=True))
+        jobs = pool.map(compile_variant, *zip(*variants)) if variants else iter(())
+        done = list(track(jobs, total=len(variants), description="compiling", transient=True))
 
-    table = Table(title=f"{len(done)} forward kernels (default configs)")
+    table = Table(title=f"{len(done)} forward kernels ({'chosen' if args.configs else 'default'} configs)")
     for col in ("kernel", "config", "regs", "spill st", "spill ld", "stack", "smem static+dyn", "compile s", "status"):
         table.add_column(col, justify="left" if col in ("kernel", "config", "status") else "right")
     for c in done:
@@ -139,6 +155,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--mask", type=_csv(str, spec.MASKS), default=spec.MASKS, help="comma list (default: all)")
     p.add_argument("--softcap", action="store_true", help="compile the softcap variants")
     p.add_argument("--alibi", action="store_true", help="compile the ALiBi variants")
+    p.add_argument(
+        "--configs",
+        type=lambda text: tuple(spec.config_from_name(c).name for c in text.split(",") if c),
+        default=(),
+        help="tilings to compile instead of the defaults (FwdConfig names, e.g. m128n64w4s2); infeasible ones skipped",
+    )
     p.add_argument("--out", type=Path, help="write <kernel>.cu, .ptx and .cubin here")
     p.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1, help="parallel compiles (default: cores)")
     p.set_defaults(func=_cmd_compile)

@@ -25,4 +25,11 @@ if [ -z "${SKIP_BENCH:-}" ]; then
   python3 -m flash_gen.cli bench ${BENCH_ARGS:---hdim 64,128,256 --seqlen 1024,2048,4096,8192,16384 --causal both} \
     --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | tail -n 45
 fi
+# ptxas report of every kernel compiled in this call (registers, spills), from the cache's metadata.
+python3 - "$FLASH_GEN_CACHE_DIR" <<'PY' | tee "$OUT/ptxas.txt" | tail -n 30
+import json, pathlib, sys
+rows = [json.loads(p.read_text()) for p in pathlib.Path(sys.argv[1]).glob("*/*/*.json")]
+for m in sorted(rows, key=lambda m: m.get("entry", "")):
+    print(f"{m.get('entry','?'):70s} regs={m.get('registers')} spill_st={m.get('spill_stores')} spill_ld={m.get('spill_loads')}")
+PY
 exit $rc

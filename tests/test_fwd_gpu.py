@@ -218,3 +218,32 @@ def test_empty_sequences(seqlen_q: int, seqlen_k: int):
     k = torch.randn(2, seqlen_k, 4, 64, device="cuda", dtype=torch.float16)
     out = flash_attn_func(q, k, k, causal=True)
     assert out.shape == q.shape and out.dtype == q.dtype and not out.any()
+
+
+# Tilings beyond the defaults, so every value of every config axis (block_m, block_n, warps, K/V stages,
+# Q in registers) runs through the reference check; benchmarks/sweep_fwd_configs.sh times the same set.
+CONFIGS = {
+    64: ("m128n64w4s1", "m128n64w4s2", "m128n128w8s1", "m64n64w4s1", "m128n64w8s1", "m128n64w4s1_qreg"),
+    128: ("m128n32w4s1", "m128n32w4s2", "m64n64w4s1", "m64n64w4s2", "m128n64w8s1", "m128n64w8s2"),
+    256: ("m64n64w4s1", "m64n32w4s1", "m128n32w8s1", "m128n64w8s2", "m64n64w4s2"),
+}
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["none", "causal"])
+@pytest.mark.parametrize("head_dim,config", [(d, c) for d, cs in CONFIGS.items() for c in cs])
+def test_configs_match_reference(head_dim: int, config: str, causal: bool):
+    from flash_gen.runtime.fwd import attention_fwd
+    from flash_gen.spec import config_from_name
+
+    seed = _fresh_seed()
+    case = Case("bf16", head_dim, 333, 461, 3, 4, 2, "causal" if causal else "none")
+    q, k, v, _ = _inputs(case, seed)
+    out = torch.full_like(q, float("nan"))
+    attention_fwd(q, k, v, softmax_scale=head_dim**-0.5, causal=causal, window_size=(-1, -1), softcap=0.0,
+                  alibi_slopes=None, out=out, config=config_from_name(config))
+    ref = dict(scale=head_dim**-0.5, causal=causal, window=(-1, -1), softcap=0.0, alibi_slopes=None)
+    out64, _ = attention_ref(q, k, v, **ref, upcast=True)
+    out_low, _ = attention_ref(q, k, v, **ref, upcast=False)
+    err = (out.double() - out64).abs().max().item()
+    tol = 2 * (out_low.double() - out64).abs().max().item() + 1e-5
+    assert err <= tol, f"{case} {config} seed={seed}: max|out - ref64| = {err:.3e} > {tol:.3e}"

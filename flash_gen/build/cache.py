@@ -115,25 +115,40 @@ def get_or_compile(source: str, entry: str, arch: str, options: tuple[str, ...] 
         settings.logger().info("compiling %s for %s (%s, key %s)", entry, arch, why, key[:16])
         start = time.perf_counter()
         result = nvrtc.compile_source(source, entry, arch, options)
-        meta = {
-            "entry": entry,
-            "arch": arch,
-            "key": key,
-            "registers": result.registers,
-            "spills": result.spills,
-            "spill_stores": result.spill_stores,
-            "spill_loads": result.spill_loads,
-            "stack_frame": result.stack_frame,
-            "static_smem": result.static_smem,
-            "nvrtc_version": "%d.%d" % nvrtc.nvrtc_version(),
-            "options": nvrtc.compile_options_fingerprint(arch, options),
-            "cubin_sha256": hashlib.sha256(result.cubin).hexdigest(),
-            "compile_seconds": round(time.perf_counter() - start, 3),
-            "created": time.time(),
-        }
-        _atomic_write(ent.cubin, result.cubin)
-        _atomic_write(ent.meta, json.dumps(meta, indent=1).encode())
+        meta = _write(ent, result, options, time.perf_counter() - start)
     return result.cubin, meta
+
+
+def store(source: str, arch: str, options: tuple[str, ...], result: nvrtc.CompileResult, seconds: float) -> dict:
+    """Put a kernel compiled elsewhere (e.g. by `flash-gen compile`) into the cache; returns its metadata."""
+    options = tuple(options)
+    ent = _Entry(arch, cache_key(source, result.entry, arch, options))
+    ent.folder.mkdir(parents=True, exist_ok=True)
+    with _locked(ent.lock):
+        return _write(ent, result, options, seconds)
+
+
+def _write(ent: "_Entry", result: nvrtc.CompileResult, options: tuple[str, ...], seconds: float) -> dict:
+    """Write cubin then metadata (the json last: readers treat its absence as a miss). Caller holds the lock."""
+    meta = {
+        "entry": result.entry,
+        "arch": result.arch,
+        "key": ent.cubin.stem,
+        "registers": result.registers,
+        "spills": result.spills,
+        "spill_stores": result.spill_stores,
+        "spill_loads": result.spill_loads,
+        "stack_frame": result.stack_frame,
+        "static_smem": result.static_smem,
+        "nvrtc_version": "%d.%d" % nvrtc.nvrtc_version(),
+        "options": nvrtc.compile_options_fingerprint(result.arch, options),
+        "cubin_sha256": hashlib.sha256(result.cubin).hexdigest(),
+        "compile_seconds": round(seconds, 3),
+        "created": time.time(),
+    }
+    _atomic_write(ent.cubin, result.cubin)
+    _atomic_write(ent.meta, json.dumps(meta, indent=1).encode())
+    return meta
 
 
 def clear() -> None:

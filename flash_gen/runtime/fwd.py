@@ -54,13 +54,18 @@ _variants: dict[tuple, _Variant] = {}
 _archs: dict[int, str] = {}
 
 
-def _variant(device: int, dtype: str, head_dim: int, mask: str, softcap: bool, alibi: bool) -> _Variant:
-    lookup = (device, dtype, head_dim, mask, softcap, alibi)
+def _variant(
+    device: int, dtype: str, head_dim: int, mask: str, softcap: bool, alibi: bool, config: FwdConfig | None
+) -> _Variant:
+    lookup = (device, dtype, head_dim, mask, softcap, alibi, config)
     var = _variants.get(lookup)
     if var is None:
         arch = _archs.get(device) or _archs.setdefault(device, driver.device_arch(device))
         key = FwdKey(arch, dtype, head_dim, mask, softcap, alibi)
-        cfg = _config(key)
+        cfg = config or _config(key)
+        why = infeasible_reason(key, cfg)
+        if why is not None:
+            raise ValueError(f"config: {cfg.name} cannot run {key.name}: {why}")
         smem = smem_bytes(key, cfg)
         kernel = loader.get_kernel(lambda: render_fwd(key, cfg), entry_name(key, cfg), arch, smem, device)
         var = _variants[lookup] = _Variant(kernel, cfg, smem)
@@ -87,12 +92,14 @@ def attention_fwd(
     softcap: float,
     alibi_slopes: torch.Tensor | None,
     out: torch.Tensor | None = None,
+    config: FwdConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward attention on validated inputs; returns (out, softmax_lse).
 
     q (b, sq, h, d), k/v (b, sk, hk, d), last dim contiguous; `window_size` uses -1 for an unbounded side and
     `causal` is exclusive with a finite window (validate normalises both). `out`, when given, is written in
     place (shape of q, last dim contiguous). softmax_lse is (b, h, sq) float32, +inf for rows that see no key.
+    `config` forces a tiling (benchmarks, the tuner); ValueError if it cannot run this key.
     """
     batch, seqlen_q, nheads, head_dim = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
@@ -103,7 +110,9 @@ def attention_fwd(
         mask = "local"
     else:
         mask = "none"
-    var = _variant(q.device.index, _DTYPES[q.dtype], head_dim, mask, softcap > 0, alibi_slopes is not None)
+    var = _variant(
+        q.device.index, _DTYPES[q.dtype], head_dim, mask, softcap > 0, alibi_slopes is not None, config
+    )
 
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)

@@ -164,6 +164,7 @@ __device__ __forceinline__ void fwd_kernel(FwdParams const& p) {
   Tensor tScS_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
   constexpr int kRows = decltype(size<0>(tScS_rc))::value;  // accumulator rows this thread holds
   constexpr int kCols = decltype(size<1>(tScS_rc))::value;
+  const int base_row = get<0>(tScS_rc(0, 0)), base_col = get<1>(tScS_rc(0, 0));
 
   // Prologue: Q and the first K (and, with a multi-stage ring, the first kStages-1 K/V tiles).
   copy_zfill(load, tQgQ, tQsQ, tQcQ, q_rows, T::kHeadDim);
@@ -234,29 +235,37 @@ __device__ __forceinline__ void fwd_kernel(FwdParams const& p) {
       CUTE_UNROLL
       for (int i = 0; i < size(s); ++i) s(i) = tanhf(s(i) * p.score_scale);
     }
-    const int col0 = n * kBlockN;
+    // Masks compare compile-time element offsets against per-tile limits relative to this thread's first
+    // element, so no per-element coordinate stays live in registers across the loop.
+    const int col0 = n * kBlockN + base_col;
     if constexpr (T::kAlibi) {
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) {
         const int row = row0 + get<0>(tScS_rc(r, 0)) + diag;
         CUTE_UNROLL
-        for (int c = 0; c < kCols; ++c) s(r, c) -= slope * float(abs(row - (col0 + get<1>(tScS_rc(r, c)))));
+        for (int c = 0; c < kCols; ++c) {
+          s(r, c) -= slope * float(abs(row - (col0 + get<1>(tScS_rc(r, c)) - base_col)));
+        }
       }
     }
     // Per-element masking only where this tile crosses the sequence end or a mask boundary.
-    bool cut = col0 + kBlockN > p.seqlen_k;
-    if constexpr (T::kHasRightBound) cut |= col0 + kBlockN - 1 > row0 + diag + p.window_right;
-    if constexpr (T::kHasLeftBound) cut |= col0 < row0 + kBlockM - 1 + diag - p.window_left;
+    const int tile_col = n * kBlockN;
+    bool cut = tile_col + kBlockN > p.seqlen_k;
+    if constexpr (T::kHasRightBound) cut |= tile_col + kBlockN - 1 > row0 + diag + p.window_right;
+    if constexpr (T::kHasLeftBound) cut |= tile_col < row0 + kBlockM - 1 + diag - p.window_left;
     if (cut) {
+      const int col_end = p.seqlen_k - col0;  // offsets >= this are past the sequence
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) {
-        const int row = row0 + get<0>(tScS_rc(r, 0)) + diag;
+        const int row = row0 + base_row + (get<0>(tScS_rc(r, 0)) - base_row) + diag - col0;
+        const int right = row + p.window_right;  // offsets > right are masked
+        const int left = row - p.window_left;    // offsets < left are masked
         CUTE_UNROLL
         for (int c = 0; c < kCols; ++c) {
-          const int col = col0 + get<1>(tScS_rc(r, c));
-          bool masked = col >= p.seqlen_k;
-          if constexpr (T::kHasRightBound) masked |= col > row + p.window_right;
-          if constexpr (T::kHasLeftBound) masked |= col < row - p.window_left;
+          const int off = get<1>(tScS_rc(r, c)) - base_col;
+          bool masked = off >= col_end;
+          if constexpr (T::kHasRightBound) masked |= off > right;
+          if constexpr (T::kHasLeftBound) masked |= off < left;
           if (masked) s(r, c) = -inf();
         }
       }
