@@ -140,17 +140,23 @@ def infeasible_reason(key: FwdKey, cfg: FwdConfig) -> str | None:
 
 
 def default_config(key: FwdKey) -> FwdConfig:
-    """Hand-picked starting point (FA2-like tiles): the first feasible of a short preference list per head-dim
-    class. The tuner's database overrides it."""
+    """Hand-picked starting point: the first feasible of a short preference list per head-dim class, from the
+    config sweep on an H200 (docs/benchmarks.md). The tuner's database overrides it.
+
+    Reasons, per class: 128x64 with 4 warps keeps hd<=64 free of spills (128x128 spills at 255 registers);
+    for hd<=128 a 32-key step keeps acc_o (128 regs) plus acc_s under the register cap, double-buffered where
+    registers allow (masked kernels spill with two stages); above 128, 8 warps split the rows and two K/V
+    stages hide the loads (needs 196 KB of smem at hd 256, so sm80 falls back to one stage).
+    """
     d = mma_head_dim(key.head_dim)
     if d <= 64:
-        prefs = [(128, 128 if key.mask == "none" else 64, 4), (128, 64, 4), (64, 64, 4)]
+        prefs = [(128, 64, 4, 1), (64, 64, 4, 1)]
     elif d <= 128:
-        prefs = [(128, 64, 4), (64, 64, 4)]
+        prefs = [(128, 32, 4, 2 if key.mask == "none" else 1), (128, 64, 4, 1), (64, 64, 4, 1)]
     else:
-        prefs = [(128, 64, 8), (64, 64, 4), (64, 32, 4)]
-    for block_m, block_n, warps in prefs:
-        cfg = FwdConfig(block_m=block_m, block_n=block_n, num_warps=warps)
+        prefs = [(128, 64, 8, 2), (128, 64, 8, 1), (64, 64, 4, 2), (64, 64, 4, 1), (64, 32, 4, 1)]
+    for block_m, block_n, warps, stages in prefs:
+        cfg = FwdConfig(block_m=block_m, block_n=block_n, num_warps=warps, kv_stages=stages)
         if infeasible_reason(key, cfg) is None:
             return cfg
     raise AssertionError(f"no default config fits {key.name}")  # spec tests cover every key
