@@ -143,16 +143,22 @@ def default_config(key: FwdKey) -> FwdConfig:
     """Hand-picked starting point: the first feasible of a short preference list per head-dim class, from the
     config sweep on an H200 (docs/benchmarks.md). The tuner's database overrides it.
 
-    Reasons, per class: 128x64 with 4 warps keeps hd<=64 free of spills (128x128 spills at 255 registers);
-    for hd<=128 a 32-key step keeps acc_o (128 regs) plus acc_s under the register cap, double-buffered where
-    registers allow (masked kernels spill with two stages); above 128, 8 warps split the rows and two K/V
-    stages hide the loads (needs 196 KB of smem at hd 256, so sm80 falls back to one stage).
+    Reasons, per class (sm_90a ptxas reports and timings unless said otherwise):
+    - hd <= 80: 128x64, 4 warps. 128x128 spills at 255 registers and is 3-8% slower.
+    - hd 96-128: a 32-key step keeps acc_o (128 fp32 registers) plus acc_s under the cap; two K/V stages where
+      registers allow. Masked kernels spill with two stages; on sm80/sm100 ptxas spills 4-8 bytes even with
+      one, so those (and head dims whose 16-byte copy passes cover 64 rows, e.g. 112) take 64x64 tiles.
+    - hd > 128: 8 warps split the rows and two K/V stages hide the loads (196 KB of smem at hd 256, so sm80
+      falls back to one stage).
     """
     d = mma_head_dim(key.head_dim)
-    if d <= 64:
+    if d <= 80:
         prefs = [(128, 64, 4, 1), (64, 64, 4, 1)]
+    elif d <= 128 and key.mask == "none":
+        prefs = [(128, 32, 4, 2), (64, 64, 4, 1)]
     elif d <= 128:
-        prefs = [(128, 32, 4, 2 if key.mask == "none" else 1), (128, 64, 4, 1), (64, 64, 4, 1)]
+        prefs = [(128, 32, 4, 1)] if key.arch == "sm90" else []
+        prefs += [(64, 64, 4, 1)]
     else:
         prefs = [(128, 64, 8, 2), (128, 64, 8, 1), (64, 64, 4, 2), (64, 64, 4, 1), (64, 32, 4, 1)]
     for block_m, block_n, warps, stages in prefs:

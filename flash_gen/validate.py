@@ -17,6 +17,8 @@ import math
 import numbers
 from dataclasses import dataclass
 
+from typing import Any
+
 import torch
 
 _DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -157,33 +159,10 @@ def check_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alibi_slopes
             raise ValueError(f"{name}: flash_gen needs CUDA tensors on q's device {q.device}, got {t.device}")
 
 
-def validate_fwd(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    dropout_p: float = 0.0,
-    softmax_scale: float | None = None,
-    causal: bool = False,
-    window_size: tuple[int, int] = (-1, -1),
-    softcap: float = 0.0,
-    alibi_slopes: torch.Tensor | None = None,
-    return_attn_probs: bool = False,
-) -> FwdArgs:
-    """`check_fwd` then `check_device`: the full contract of the forward API."""
-    args = check_fwd(
-        q,
-        k,
-        v,
-        dropout_p=dropout_p,
-        softmax_scale=softmax_scale,
-        causal=causal,
-        window_size=window_size,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        return_attn_probs=return_attn_probs,
-    )
-    check_device(q, k, v, alibi_slopes)
+def validate_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: Any) -> FwdArgs:
+    """`check_fwd` (same keyword arguments) then `check_device`: the full contract of the forward API."""
+    args = check_fwd(q, k, v, **kwargs)
+    check_device(q, k, v, kwargs.get("alibi_slopes"))
     return args
 
 

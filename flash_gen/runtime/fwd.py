@@ -19,6 +19,7 @@ from flash_gen.spec import FwdConfig, FwdKey, config_from_name, default_config, 
 
 _DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 _LOG2E = math.log2(math.e)
+_MAX_GRID_YZ = 65535  # heads and batch index gridDim.y and gridDim.z
 
 
 class FwdParams(ctypes.Structure):
@@ -103,6 +104,8 @@ def attention_fwd(
     """
     batch, seqlen_q, nheads, head_dim = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
+    if batch > _MAX_GRID_YZ or nheads > _MAX_GRID_YZ:
+        raise ValueError(f"q: batch ({batch}) and nheads ({nheads}) must each be <= {_MAX_GRID_YZ} (CUDA grid limit)")
     left, right = window_size
     if causal:
         mask = "causal"

@@ -1,2 +1,0 @@
-"""Autotuning (Optuna) over the spaces declared in flash_gen.spec."""
-
