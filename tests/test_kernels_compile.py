@@ -9,13 +9,14 @@ dim, one and two K/V stages, 4 and 8 warps) and is compiled once, two at a time,
 from __future__ import annotations
 
 import re
+from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 
 from flash_gen import cli
 from flash_gen.gen.render import entry_name, render_fwd
-from flash_gen.spec import FwdConfig, FwdKey, default_config, enumerate_configs, enumerate_keys
+from flash_gen.spec import FwdConfig, FwdKey, default_config, enumerate_configs, enumerate_keys, smem_bytes
 
 MATRIX = (
     FwdKey("sm80", "bf16", 128, "causal"),
@@ -40,7 +41,7 @@ def test_every_feasible_config_renders():
     configs = list(enumerate_configs(key))
     assert len(configs) > 10
     for cfg in configs:
-        assert "Traits::kSmemBytes == " in render_fwd(key, cfg)
+        assert f"Traits0::kSmemBytes == {smem_bytes(key, cfg)}" in render_fwd(key, cfg)
 
 
 def test_render_rejects_infeasible_config():
@@ -50,13 +51,13 @@ def test_render_rejects_infeasible_config():
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
-    """Every MATRIX key compiled with its default config, through the CLI's worker (which also fills the
+    """Every MATRIX key compiled alone with its default config, through the CLI's worker (which also fills the
     kernel cache), two processes at a time."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("FLASH_GEN_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
         with ProcessPoolExecutor(max_workers=2) as pool:
-            results = list(pool.map(cli.compile_variant, MATRIX, [default_config(k) for k in MATRIX]))
-        yield dict(zip(MATRIX, results))
+            batches = list(pool.map(cli.compile_batch, [[(k, default_config(k))] for k in MATRIX]))
+        yield {k: batch[0] for k, batch in zip(MATRIX, batches)}
 
 
 @pytest.mark.parametrize("key", MATRIX, ids=lambda k: k.name)
@@ -73,12 +74,38 @@ def test_representative_kernel_compiles_without_spills(compiled, key: FwdKey):
     assert "cp.async.cg.shared.global" in r.ptx and "ldmatrix.sync.aligned" in r.ptx
 
 
+def test_batched_compile_matches_single_compiles(compiled, tmp_path, monkeypatch):
+    """Several variants in one translation unit: each entry gets its own ptxas report, the same registers as
+    when compiled alone, and a cache entry the runtime's single-variant lookup finds."""
+    from flash_gen.build import cache
+
+    monkeypatch.setenv("FLASH_GEN_CACHE_DIR", str(tmp_path))
+    alone = FwdKey("sm90", "bf16", 64, "none")
+    batch = [(alone, default_config(alone)), (FwdKey("sm90", "bf16", 64, "causal"), default_config(alone))]
+    results = cli.compile_batch(batch)
+    assert [c.error for c in results] == [None, None]
+    assert results[0].result.registers == compiled[alone].result.registers
+    assert results[0].result.cubin == results[1].result.cubin  # one cubin, both entries
+    for key, cfg in batch:
+        hit = cache.lookup(render_fwd(key, cfg), entry_name(key, cfg), "sm90")
+        assert hit is not None and hit[0] == results[0].result.cubin
+
+
+def test_batches_group_by_arch_and_head_dim():
+    variants = [(k, default_config(k)) for k in enumerate_keys(("sm80", "sm90"), ("bf16",), (64, 128), ("none", "causal"))]
+    for jobs in (1, 2, 16):
+        batches = cli._batches(variants, jobs)
+        assert Counter(v for b in batches for v in b) == Counter(variants)
+        assert all(len({(k.arch, k.head_dim) for k, _ in b}) == 1 for b in batches)
+        assert len(batches) >= min(jobs, len(variants)) and max(map(len, batches)) <= 24
+
+
 def test_cli_compile_writes_report_and_files(compiled, tmp_path, monkeypatch, capsys):
     """`flash-gen compile --out` prints the ptxas table and writes .cu/.ptx/.cubin (reusing the matrix's
     compile instead of compiling again)."""
     key = FwdKey("sm90", "bf16", 64, "none")
     done = compiled[key].result
-    monkeypatch.setattr("flash_gen.build.nvrtc.compile_source", lambda *a, **k: done)
+    monkeypatch.setattr("flash_gen.build.nvrtc.compile_many", lambda *a, **k: [done])
     rc = cli.main(["compile", "--arch", "sm90", "--hdim", "64", "--dtype", "bf16", "--mask", "none",
                    "--out", str(tmp_path), "-j", "1"])
     assert rc == 0

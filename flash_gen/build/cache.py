@@ -22,7 +22,7 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 from flash_gen import errors, settings
 from flash_gen.build import nvrtc
@@ -121,15 +121,32 @@ def get_or_compile(source: str, entry: str, arch: str, options: tuple[str, ...] 
 
 def store(source: str, arch: str, options: tuple[str, ...], result: nvrtc.CompileResult, seconds: float) -> dict:
     """Put a kernel compiled elsewhere (e.g. by `flash-gen compile`) into the cache; returns its metadata."""
+    return store_many([(source, result)], arch, options, seconds)[0]
+
+
+def store_many(
+    compiled: Sequence[tuple[str, nvrtc.CompileResult]], arch: str, options: tuple[str, ...], seconds: float
+) -> list[dict]:
+    """Store kernels compiled together (nvrtc.compile_many: one cubin holding every entry), each under the key
+    of its own single-variant `source`, so the runtime's lookups find them. The shared cubin is written once
+    and hard-linked into the other entries."""
     options = tuple(options)
-    ent = _Entry(arch, cache_key(source, result.entry, arch, options))
-    ent.folder.mkdir(parents=True, exist_ok=True)
-    with _locked(ent.lock):
-        return _write(ent, result, options, seconds)
+    metas: list[dict] = []
+    first: Path | None = None
+    for source, result in compiled:
+        ent = _Entry(arch, cache_key(source, result.entry, arch, options))
+        ent.folder.mkdir(parents=True, exist_ok=True)
+        with _locked(ent.lock):
+            metas.append(_write(ent, result, options, seconds, link_from=first))
+        first = first or ent.cubin
+    return metas
 
 
-def _write(ent: "_Entry", result: nvrtc.CompileResult, options: tuple[str, ...], seconds: float) -> dict:
-    """Write cubin then metadata (the json last: readers treat its absence as a miss). Caller holds the lock."""
+def _write(
+    ent: "_Entry", result: nvrtc.CompileResult, options: tuple[str, ...], seconds: float, link_from: Path | None = None
+) -> dict:
+    """Write cubin then metadata (the json last: readers treat its absence as a miss). Caller holds the lock.
+    With `link_from` (a cache file holding the same cubin bytes) the cubin is hard-linked, not copied."""
     meta = {
         "entry": result.entry,
         "arch": result.arch,
@@ -146,7 +163,8 @@ def _write(ent: "_Entry", result: nvrtc.CompileResult, options: tuple[str, ...],
         "compile_seconds": round(seconds, 3),
         "created": time.time(),
     }
-    _atomic_write(ent.cubin, result.cubin)
+    if link_from is None or not _atomic_link(link_from, ent.cubin):
+        _atomic_write(ent.cubin, result.cubin)
     _atomic_write(ent.meta, json.dumps(meta, indent=1).encode())
     return meta
 
@@ -184,6 +202,20 @@ def _locked(path: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # closing the descriptor releases the lock
+
+
+def _atomic_link(source: Path, path: Path) -> bool:
+    """Hard-link `source` at `path` atomically (link to a temp name, then rename); False where the file system
+    cannot link, so the caller writes a copy instead."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.link.tmp")
+    try:
+        os.link(source, tmp)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        return False
+    return True
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

@@ -19,6 +19,7 @@ import importlib.util
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 from cuda.bindings import nvrtc
 
@@ -130,24 +131,31 @@ class CompileResult:
 
 def compile_source(source: str, entry: str, arch: str, options: tuple[str, ...] = ()) -> CompileResult:
     """Compile `source` for `arch` ("sm80" | "sm90" | "sm100"). `entry` is the kernel's symbol name, so the
-    kernel must be extern "C". Raises errors.CompileError (with the log and the saved source) on failure.
+    kernel must be extern "C". Raises errors.CompileError (with the log and the saved source) on failure."""
+    return compile_many(source, (entry,), arch, options)[0]
+
+
+def compile_many(source: str, entries: Sequence[str], arch: str, options: tuple[str, ...] = ()) -> list[CompileResult]:
+    """Compile a translation unit holding several extern "C" kernels once; one CompileResult per entry, all
+    sharing the cubin, PTX and log, each with its own ptxas resources.
 
     One compile gives both the cubin and the PTX: NVRTC 13 (checked with 13.0) keeps the PTX of a real-arch
     (-arch=sm_XX) build, so nvrtcGetPTX needs no second compile for compute_XX."""
+    name = entries[0]
     opts = [*_base_options(arch), *(f"-I{d}" for d in _include_dirs()), *options]
-    prog = _call(nvrtc.nvrtcCreateProgram(source.encode(), f"{entry}.cu".encode(), 0, [], []),
-                 "nvrtcCreateProgram", entry, arch)
+    prog = _call(nvrtc.nvrtcCreateProgram(source.encode(), f"{name}.cu".encode(), 0, [], []),
+                 "nvrtcCreateProgram", name, arch)
     try:
         (compiled,) = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
-        log = _program_log(prog, entry, arch)
+        log = _program_log(prog, name, arch)
         if compiled:
-            path = _save_failed_source(source, entry, arch, opts, log)
-            raise errors.CompileError(entry, arch, log, path)
-        cubin = _get_bytes(prog, nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN, entry, arch)
-        ptx = _get_bytes(prog, nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX, entry, arch).rstrip(b"\0").decode()
+            path = _save_failed_source(source, name, arch, opts, log)
+            raise errors.CompileError(name, arch, log, path)
+        cubin = _get_bytes(prog, nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN, name, arch)
+        ptx = _get_bytes(prog, nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX, name, arch).rstrip(b"\0").decode()
     finally:
-        _call(nvrtc.nvrtcDestroyProgram(prog), "nvrtcDestroyProgram", entry, arch)
-    return CompileResult(entry, arch, cubin, ptx, log, **_parse_ptxas_report(log, entry, arch))
+        _call(nvrtc.nvrtcDestroyProgram(prog), "nvrtcDestroyProgram", name, arch)
+    return [CompileResult(e, arch, cubin, ptx, log, **_parse_ptxas_report(log, e, arch)) for e in entries]
 
 
 def _call(result: tuple, name: str, entry: str, arch: str):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import Sequence
 
 import jinja2
 
@@ -40,14 +41,27 @@ def render_fwd(key: FwdKey, cfg: FwdConfig) -> str:
 
     Raises ValueError (with the reason) for a config that cannot be built for this key.
     """
-    why = infeasible_reason(key, cfg)
-    if why is not None:
-        raise ValueError(f"{cfg.name} cannot be built for {key.name}: {why}")
-    return _env().get_template("fwd_sm80.cu.j2").render(
-        key=key,
-        cfg=cfg,
-        entry=entry_name(key, cfg),
-        element=_ELEMENT[key.dtype],
-        mask=_MASK[key.mask],
-        smem_bytes=smem_bytes(key, cfg),
-    )
+    return render_fwd_many([(key, cfg)])
+
+
+def render_fwd_many(variants: Sequence[tuple[FwdKey, FwdConfig]]) -> str:
+    """One translation unit holding every (key, config) in `variants`, each its own extern "C" kernel. Variants
+    sharing a head dim and tiling share most template instantiations, so compiling them together costs little
+    more than compiling one. Raises ValueError for an infeasible pair."""
+    items = []
+    for i, (key, cfg) in enumerate(variants):
+        why = infeasible_reason(key, cfg)
+        if why is not None:
+            raise ValueError(f"{cfg.name} cannot be built for {key.name}: {why}")
+        items.append(
+            {
+                "key": key,
+                "cfg": cfg,
+                "traits": f"Traits{i}",
+                "entry": entry_name(key, cfg),
+                "element": _ELEMENT[key.dtype],
+                "mask": _MASK[key.mask],
+                "smem_bytes": smem_bytes(key, cfg),
+            }
+        )
+    return _env().get_template("fwd_sm80.cu.j2").render(variants=items)
