@@ -77,7 +77,7 @@ def compile_batch(variants: Sequence[tuple[spec.FwdKey, spec.FwdConfig]]) -> lis
     ]
 
 
-def _batches(variants: list[tuple[spec.FwdKey, spec.FwdConfig]], jobs: int) -> list[list]:
+def plan_batches(variants: list[tuple[spec.FwdKey, spec.FwdConfig]], jobs: int) -> list[list]:
     """Group variants of one arch and head dim into translation units (they share most of CuTe's template
     instantiations: 24 kernels compile in about 2.5x the time of one), splitting groups until every worker has
     one, and capping a group at 24 kernels."""
@@ -111,7 +111,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     from rich.progress import track
     from rich.table import Table
 
-    batches = _batches(_variants(args), args.jobs)
+    batches = plan_batches(_variants(args), args.jobs)
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         jobs = track(pool.map(compile_batch, batches), total=len(batches), description="compiling", transient=True)
         done = [c for batch in jobs for c in batch]

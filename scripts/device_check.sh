@@ -2,11 +2,15 @@
 # One call on a lent GPU machine: install carried wheels, run the GPU tests in parallel workers (each JIT-
 # compiles what it needs into one shared cache, so the 16 cores compile while the GPU tests), then the forward
 # benchmark against SDPA's FLASH and CUDNN backends. Full logs land in $OUT; the tables print last.
+# A carried .kernels/ (scripts/prebuild_gpu_test_kernels.py, run on a CPU machine) serves as the kernel cache,
+# so the device compiles only what it lacks.
 #   usage: scripts/device_check.sh [pytest args...]      (env: JOBS, BENCH_ARGS, SKIP_TESTS, SKIP_BENCH)
 set -uo pipefail
 OUT=${OUT:-$PWD/.out}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 FLASH_GEN_CACHE_DIR=${FLASH_GEN_CACHE_DIR:-/tmp/flash_gen_cache}
+default_cache=/tmp/flash_gen_cache
+[ -d .kernels ] && default_cache=$PWD/.kernels
+export PYTHONUNBUFFERED=1 FLASH_GEN_CACHE_DIR=${FLASH_GEN_CACHE_DIR:-$default_cache}
 if compgen -G ".whl/*.whl" >/dev/null; then  # packages the machine lacks (CUTLASS headers, CCCL 13.0)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     .whl/*.whl || exit 1

@@ -94,7 +94,7 @@ def test_batched_compile_matches_single_compiles(compiled, tmp_path, monkeypatch
 def test_batches_group_by_arch_and_head_dim():
     variants = [(k, default_config(k)) for k in enumerate_keys(("sm80", "sm90"), ("bf16",), (64, 128), ("none", "causal"))]
     for jobs in (1, 2, 16):
-        batches = cli._batches(variants, jobs)
+        batches = cli.plan_batches(variants, jobs)
         assert Counter(v for b in batches for v in b) == Counter(variants)
         assert all(len({(k.arch, k.head_dim) for k, _ in b}) == 1 for b in batches)
         assert len(batches) >= min(jobs, len(variants)) and max(map(len, batches)) <= 24
@@ -114,3 +114,27 @@ def test_cli_compile_writes_report_and_files(compiled, tmp_path, monkeypatch, ca
     assert key.name in out and str(done.registers) in out
     for suffix in (".cu", ".ptx", ".cubin"):
         assert (tmp_path / f"{entry}{suffix}").stat().st_size > 0
+
+
+def test_params_struct_layout_matches_kernel():
+    """runtime.fwd.FwdParams (ctypes) and flash_gen::FwdParams (C++) agree on every field offset and the size.
+    NVRTC has no constant offsetof, so one probe kernel per field reads it, and the PTX names the offset of
+    that parameter load."""
+    import ctypes
+
+    from flash_gen.build.nvrtc import compile_many
+    from flash_gen.runtime.fwd import FwdParams
+
+    names = [name for name, _ in FwdParams._fields_]
+    source = '#include "flash_gen/fwd_params.cuh"\n' + "".join(
+        f'extern "C" __global__ void fg_probe_{n}(const __grid_constant__ flash_gen::FwdParams p, '
+        f"unsigned long long* out) {{ *out = (unsigned long long)(p.{n}); }}\n"
+        for n in names
+    )
+    ptx = compile_many(source, [f"fg_probe_{n}" for n in names], "sm80")[0].ptx
+    size = re.search(r"\.b8 fg_probe_q_param_0\[(\d+)\]", ptx)
+    assert size and int(size[1]) == ctypes.sizeof(FwdParams)
+    for n in names:
+        load = re.search(rf"ld\.param\.\w+\s+[^,]+, \[fg_probe_{n}_param_0(?:\+(\d+))?\]", ptx)
+        assert load, f"no parameter load found for {n}"
+        assert int(load[1] or 0) == getattr(FwdParams, n).offset, f"{n}: C++ offset {load[1]} != ctypes"

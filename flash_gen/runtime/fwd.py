@@ -12,9 +12,9 @@ import math
 
 import torch
 
+from flash_gen import settings
 from flash_gen.gen.render import entry_name, render_fwd
 from flash_gen.runtime import driver, loader
-from flash_gen import settings
 from flash_gen.spec import FwdConfig, FwdKey, config_from_name, default_config, infeasible_reason, smem_bytes
 
 _DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -52,7 +52,6 @@ class _Variant:
 
 
 _variants: dict[tuple, _Variant] = {}
-_archs: dict[int, str] = {}
 
 
 def _variant(
@@ -61,7 +60,7 @@ def _variant(
     lookup = (device, dtype, head_dim, mask, softcap, alibi, config)
     var = _variants.get(lookup)
     if var is None:
-        arch = _archs.get(device) or _archs.setdefault(device, driver.device_arch(device))
+        arch = driver.device_arch(device)
         key = FwdKey(arch, dtype, head_dim, mask, softcap, alibi)
         cfg = config or _config(key)
         why = infeasible_reason(key, cfg)

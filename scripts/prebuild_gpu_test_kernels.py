@@ -1,0 +1,80 @@
+"""Compile, on a machine without a GPU, every kernel the GPU tests and the default benchmark will ask for, into
+a kernel cache folder that a lent GPU machine then reads, so its minutes go to testing instead of NVRTC.
+
+    python3 scripts/prebuild_gpu_test_kernels.py [--arch sm90] [--out .kernels] [-j N]
+
+Then carry the folder (device tool: carry [".whl", ".kernels"]); scripts/device_check.sh points
+FLASH_GEN_CACHE_DIR at it. Cache keys cover the NVRTC and header-wheel versions, so on a mismatch the device
+simply compiles what it lacks. Kernels are compiled in batches (one translation unit per arch and head dim).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+
+def variants(arch: str) -> set:
+    """(key, config) pairs requested by tests/test_fwd_gpu.py and by `flash-gen bench`'s default shapes."""
+    import test_fwd_gpu as t
+
+    from flash_gen.spec import FwdKey, config_from_name, default_config
+    from flash_gen.validate import derive_mask
+
+    def default(dtype: str, head_dim: int, mask: str, softcap: bool = False, alibi: bool = False) -> tuple:
+        key = FwdKey(arch, dtype, head_dim, mask, softcap, alibi)
+        return key, default_config(key)
+
+    out = set()
+    for c in t.CASES:
+        causal, window = t.MASKS[c.mask]
+        mask, _ = derive_mask(causal, window, c.seqlen_q, c.seqlen_k)
+        out.add(default(c.dtype, c.head_dim, mask, c.feature == "softcap", c.feature.startswith("alibi")))
+    for head_dim, names in t.CONFIGS.items():
+        for name in names:
+            for mask in ("none", "causal"):
+                out.add((FwdKey(arch, "bf16", head_dim, mask), config_from_name(name)))
+    for dtype in ("fp16", "bf16"):  # the packed-qkv, API and requires_grad tests
+        out.update(default(dtype, 64, mask) for mask in ("none", "causal"))
+    out.update(default("bf16", d, mask) for d in (64, 128, 256) for mask in ("none", "causal"))  # the bench
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", default="sm90")
+    parser.add_argument("--out", type=Path, default=ROOT / ".kernels")
+    parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
+    args = parser.parse_args()
+    os.environ["FLASH_GEN_CACHE_DIR"] = str(args.out.resolve())  # inherited by the worker processes
+
+    from flash_gen import cli
+
+    todo = sorted(variants(args.arch), key=lambda v: (v[0].name, v[1].name))
+    batches = cli.plan_batches(todo, args.jobs)
+    print(f"{len(todo)} kernels in {len(batches)} batches -> {args.out}", flush=True)
+    start = time.perf_counter()
+    failed = 0
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        for batch in pool.map(cli.compile_batch, batches):
+            for c in batch:
+                if c.result is None:
+                    failed += 1
+                    print(f"  {c.entry}: {(c.error or '').splitlines()[0]}", flush=True)
+                elif c.result.spills:  # kept: the tests check spilling tilings too (e.g. _qreg)
+                    print(f"  {c.entry}: spills {c.result.spill_stores} bytes", flush=True)
+            print(f"  batch of {len(batch)} ({batch[0].key.arch} hd{batch[0].key.head_dim}) in "
+                  f"{batch[0].seconds:.0f} s", flush=True)
+    print(f"done in {time.perf_counter() - start:.0f} s, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
