@@ -214,16 +214,29 @@ def test_empty_sequences_need_no_launch(sq, sk):
 
 
 def test_import_is_light():
-    """`import flash_gen` adds torch only: no optuna (blocked here), no NVRTC, no compiler or runtime modules.
-    (torch itself imports cuda.bindings.driver/runtime, so only what flash_gen adds on top is checked.)"""
+    """The API (`from flash_gen import flash_attn_func`) adds torch only: no optuna (blocked here), no NVRTC, no
+    compiler or runtime modules. (torch itself imports cuda.bindings.driver/runtime, so only what flash_gen adds
+    on top is checked.)"""
     code = (
         "import sys, torch\n"
         "sys.modules['optuna'] = None\n"  # any attempt to import optuna raises ImportError
         "before = set(sys.modules)\n"
-        "import flash_gen\n"
+        "from flash_gen import flash_attn_func\n"
         "added = set(sys.modules) - before\n"
         "heavy = ('optuna', 'cuda.bindings', 'jinja2', 'flash_gen.build', 'flash_gen.runtime', 'flash_gen.search')\n"
         "print(sorted(m for m in added if m.startswith(heavy)))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]", result.stdout
+
+
+def test_compiler_side_imports_without_torch():
+    """spec, gen and build (the compiler a CPU-only build machine runs) never import torch."""
+    code = (
+        "import sys\n"
+        "sys.modules['torch'] = None\n"  # any attempt to import torch raises ImportError
+        "import flash_gen, flash_gen.spec, flash_gen.gen.render, flash_gen.build.nvrtc, flash_gen.build.cache\n"
+        "print(flash_gen.__version__)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
