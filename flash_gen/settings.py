@@ -9,6 +9,7 @@ Settings:
   FLASH_GEN_DEBUG      compile with device-side asserts on (no -DNDEBUG)
   FLASH_GEN_VERBOSE    log every compile to stderr
   FLASH_GEN_NO_JIT     never compile: a kernel missing from the cache raises KernelNotAvailable
+  FLASH_GEN_LINEINFO   compile with -lineinfo (source lines in ncu/sanitizer reports; cubins about 3x larger)
   FLASH_GEN_FWD_CONFIG force one forward tiling (a FwdConfig name, e.g. m128n64w4s2) where it is feasible:
                        for benchmarking configs by hand
 
@@ -43,6 +44,11 @@ def cache_dir() -> Path:
 def debug() -> bool:
     """FLASH_GEN_DEBUG: build kernels with device asserts enabled (a different cache entry than release)."""
     return _flag("FLASH_GEN_DEBUG")
+
+
+def lineinfo() -> bool:
+    """FLASH_GEN_LINEINFO: keep source-line tables in cubins, for profilers (a different cache entry)."""
+    return _flag("FLASH_GEN_LINEINFO")
 
 
 def verbose() -> bool:

@@ -14,6 +14,7 @@ import pickle
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -49,7 +50,7 @@ class Params(ctypes.Structure):
 def cache_dir(tmp_path, monkeypatch):
     path = tmp_path / "cache"
     monkeypatch.setenv("FLASH_GEN_CACHE_DIR", str(path))
-    for name in ("FLASH_GEN_NO_JIT", "FLASH_GEN_DEBUG", "FLASH_GEN_VERBOSE"):
+    for name in ("FLASH_GEN_NO_JIT", "FLASH_GEN_DEBUG", "FLASH_GEN_VERBOSE", "FLASH_GEN_LINEINFO"):
         monkeypatch.delenv(name, raising=False)
     return path
 
@@ -161,6 +162,20 @@ def test_corrupt_entry_is_reported_and_rebuilt(monkeypatch):
         again, meta = cache.get_or_compile("src", "k", "sm90")
     assert len(calls) == 2 and again == cubin and path.read_bytes() == cubin
     assert meta["cubin_sha256"] == hashlib.sha256(cubin).hexdigest()
+
+
+def test_kernels_stored_together_share_one_cubin_file(monkeypatch):
+    """store_many writes a batch's cubin once; the other entries point at it, and a damaged shared file is
+    caught (sha256) for every entry that uses it."""
+    shared = b"\x7fELF one cubin, two kernels"
+    results = [nvrtc.CompileResult(e, "sm90", shared, "", "", 8, 0, 0, 0, 0) for e in ("a", "b")]
+    metas = cache.store_many([("src a", results[0]), ("src b", results[1])], "sm90", (), 1.0)
+    assert "cubin_file" not in metas[0] and metas[1]["cubin_file"].endswith(".cubin")
+    assert [p.name for p in settings.cache_dir().rglob("*.cubin")] == [Path(metas[1]["cubin_file"]).name]
+    assert cache.lookup("src b", "b", "sm90") == (shared, metas[1])
+    (settings.cache_dir() / metas[1]["cubin_file"]).write_bytes(b"garbage")
+    with pytest.warns(RuntimeWarning, match="corrupt cache entry"):
+        assert cache.lookup("src b", "b", "sm90") is None
 
 
 def _concurrent_writer(out_path: str, count_path: str, start) -> None:

@@ -75,11 +75,15 @@ class _Entry:
             return None, None  # also the case between a writer's cubin rename and json rename
         except (OSError, ValueError) as e:
             return None, f"unreadable metadata ({e})"
+        if not isinstance(meta, dict):
+            return None, "metadata is not an object"
+        # Kernels compiled together share one cubin file, named relative to the cache root.
+        path = settings.cache_dir() / meta["cubin_file"] if "cubin_file" in meta else self.cubin
         try:
-            cubin = self.cubin.read_bytes()
+            cubin = path.read_bytes()
         except OSError as e:
             return None, f"unreadable cubin ({e})"
-        if not isinstance(meta, dict) or hashlib.sha256(cubin).hexdigest() != meta.get("cubin_sha256"):
+        if hashlib.sha256(cubin).hexdigest() != meta.get("cubin_sha256"):
             return None, "cubin does not match the sha256 in its metadata"
         return (cubin, meta), None
 
@@ -128,8 +132,9 @@ def store_many(
     compiled: Sequence[tuple[str, nvrtc.CompileResult]], arch: str, options: tuple[str, ...], seconds: float
 ) -> list[dict]:
     """Store kernels compiled together (nvrtc.compile_many: one cubin holding every entry), each under the key
-    of its own single-variant `source`, so the runtime's lookups find them. The shared cubin is written once
-    and hard-linked into the other entries."""
+    of its own single-variant `source`, so the runtime's lookups find them. The shared cubin is written once,
+    with the first entry; the others name that file in their metadata (no copies, no links: the cache folder
+    can be copied or packed as it is)."""
     options = tuple(options)
     metas: list[dict] = []
     first: Path | None = None
@@ -137,16 +142,16 @@ def store_many(
         ent = _Entry(arch, cache_key(source, result.entry, arch, options))
         ent.folder.mkdir(parents=True, exist_ok=True)
         with _locked(ent.lock):
-            metas.append(_write(ent, result, options, seconds, link_from=first))
+            metas.append(_write(ent, result, options, seconds, shared=first))
         first = first or ent.cubin
     return metas
 
 
 def _write(
-    ent: "_Entry", result: nvrtc.CompileResult, options: tuple[str, ...], seconds: float, link_from: Path | None = None
+    ent: "_Entry", result: nvrtc.CompileResult, options: tuple[str, ...], seconds: float, shared: Path | None = None
 ) -> dict:
     """Write cubin then metadata (the json last: readers treat its absence as a miss). Caller holds the lock.
-    With `link_from` (a cache file holding the same cubin bytes) the cubin is hard-linked, not copied."""
+    With `shared` (a cache file holding the same cubin bytes) the metadata points there instead."""
     meta = {
         "entry": result.entry,
         "arch": result.arch,
@@ -163,8 +168,10 @@ def _write(
         "compile_seconds": round(seconds, 3),
         "created": time.time(),
     }
-    if link_from is None or not _atomic_link(link_from, ent.cubin):
+    if shared is None:
         _atomic_write(ent.cubin, result.cubin)
+    else:
+        meta["cubin_file"] = shared.relative_to(settings.cache_dir()).as_posix()
     _atomic_write(ent.meta, json.dumps(meta, indent=1).encode())
     return meta
 
@@ -202,20 +209,6 @@ def _locked(path: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # closing the descriptor releases the lock
-
-
-def _atomic_link(source: Path, path: Path) -> bool:
-    """Hard-link `source` at `path` atomically (link to a temp name, then rename); False where the file system
-    cannot link, so the caller writes a copy instead."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.link.tmp")
-    try:
-        os.link(source, tmp)
-        os.replace(tmp, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        return False
-    return True
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

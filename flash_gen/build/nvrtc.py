@@ -97,8 +97,9 @@ def _base_options(arch: str) -> list[str]:
     # --no-cache: when a driver is installed, NVRTC >= 12.9 serves repeat compiles from the driver's compute
     # cache (~/.nv/ComputeCache), and such a hit skips ptxas, so the resource report is missing (seen on an
     # H200 machine). build/cache.py already keeps every cubin.
-    opts = [f"-arch={ARCH_TARGETS[arch]}", "-std=c++17", "-default-device", "--ptxas-options=-v", "-lineinfo",
-            "--no-cache"]
+    opts = [f"-arch={ARCH_TARGETS[arch]}", "-std=c++17", "-default-device", "--ptxas-options=-v", "--no-cache"]
+    if settings.lineinfo():
+        opts.append("-lineinfo")
     if not settings.debug():
         opts.append("-DNDEBUG")
     return opts
