@@ -51,31 +51,6 @@ class Shape:
         return full / 2 if self.causal else full
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The `flash-gen bench` options."""
-    ints = lambda text: tuple(int(x) for x in text.split(",") if x)  # noqa: E731
-    parser.add_argument("--hdim", type=ints, default=(64, 128, 256), help="head dims (comma list)")
-    parser.add_argument("--seqlen", type=ints, default=(1024, 2048, 4096, 8192, 16384), help="comma list")
-    parser.add_argument("--causal", choices=list(CAUSAL), default="both")
-    parser.add_argument("--dtype", choices=list(DTYPES), default="bf16")
-    parser.add_argument("--total-tokens", type=int, default=32768, help="batch = total_tokens / seqlen")
-    parser.add_argument("--model-dim", type=int, default=2048, help="nheads = model_dim / hdim")
-    parser.add_argument(
-        "--peers",
-        type=lambda text: tuple(p for p in text.split(",") if p),
-        default=tuple(PEERS),
-        help=f"SDPA backends to compare with (comma list of {', '.join(PEERS)})",
-    )
-    parser.add_argument(
-        "--configs",
-        type=lambda text: tuple(c for c in text.split(",") if c),
-        default=(),
-        help="also time flash_gen forced to these tilings (FwdConfig names, e.g. m128n64w4s2), as fg:NAME columns",
-    )
-    parser.add_argument("--json", default="bench_fwd.json", help="write every number here (default: %(default)s)")
-    parser.add_argument("--repeats", type=int, default=3, help="timings per cell, interleaved; the median is kept")
-
-
 def run(args: argparse.Namespace) -> int:
     """Benchmark every (hdim, causal, seqlen) cell, print the table and write the JSON. Returns an exit code."""
     unknown = sorted(set(args.peers) - set(PEERS))

@@ -165,9 +165,27 @@ def _cmd_cache(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parser() -> argparse.ArgumentParser:
-    from flash_gen import bench
+def _add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `flash-gen bench` options, declared here so building the parser never imports torch (flash_gen.bench
+    maps the names and validates the peers)."""
+    ints = lambda text: tuple(int(x) for x in text.split(",") if x)  # noqa: E731
+    names = lambda text: tuple(x for x in text.split(",") if x)  # noqa: E731
+    parser.add_argument("--hdim", type=ints, default=(64, 128, 256), help="head dims (comma list)")
+    parser.add_argument("--seqlen", type=ints, default=(1024, 2048, 4096, 8192, 16384), help="comma list")
+    parser.add_argument("--causal", choices=("both", "no", "yes"), default="both")
+    parser.add_argument("--dtype", choices=spec.DTYPES, default="bf16")
+    parser.add_argument("--total-tokens", type=int, default=32768, help="batch = total_tokens / seqlen")
+    parser.add_argument("--model-dim", type=int, default=2048, help="nheads = model_dim / hdim")
+    parser.add_argument("--peers", type=names, default=("flash", "cudnn"),
+                        help="SDPA backends to compare with (comma list of flash, cudnn)")
+    parser.add_argument("--configs", type=names, default=(),
+                        help="also time flash_gen forced to these tilings (FwdConfig names, e.g. m128n64w4s2), "
+                        "as fg:NAME columns")
+    parser.add_argument("--json", default="bench_fwd.json", help="write every number here (default: %(default)s)")
+    parser.add_argument("--repeats", type=int, default=3, help="timings per cell, interleaved; the median is kept")
 
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flash-gen", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -190,7 +208,7 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_compile)
 
     p = sub.add_parser("bench", help="forward TFLOP/s against SDPA's FA2 and cuDNN backends (GPU)")
-    bench.add_arguments(p)
+    _add_bench_arguments(p)
     p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser("cache", help="inspect or clear the compiled-kernel cache")

@@ -231,12 +231,15 @@ def test_import_is_light():
 
 
 def test_compiler_side_imports_without_torch():
-    """spec, gen and build (the compiler a CPU-only build machine runs) never import torch."""
+    """spec, gen, build and the `flash-gen compile` command (what a CPU-only build machine runs) never import
+    torch."""
     code = (
         "import sys\n"
         "sys.modules['torch'] = None\n"  # any attempt to import torch raises ImportError
         "import flash_gen, flash_gen.spec, flash_gen.gen.render, flash_gen.build.nvrtc, flash_gen.build.cache\n"
-        "print(flash_gen.__version__)\n"
+        "from flash_gen import cli\n"
+        "args = cli._parser().parse_args(['compile', '--arch', 'sm90', '--hdim', '64'])\n"
+        "print(flash_gen.__version__, cli._variants(args)[0][0].name)\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
