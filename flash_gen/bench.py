@@ -2,8 +2,9 @@
 
 Owns the benchmark shapes (the shared/ANCHORS.md convention: batch = total_tokens / seqlen, nheads =
 model_dim / hdim, seqlen_q = seqlen_k), the timing, the TFLOP/s table and the JSON record. GPU only.
-flash_gen is measured through its public API, like a user would call it; this module must not import the
-compiler, the tuner or optuna.
+flash_gen is measured through its public API, like a user would call it (or, for --configs, through the runtime
+forced to one tiling); this module must not import the compiler, the tuner or optuna. The options are declared
+in flash_gen.cli.
 """
 
 from __future__ import annotations
