@@ -10,7 +10,7 @@ This module is the root of the dependency order: it must not import torch, cuda 
 
 from __future__ import annotations
 
-import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -52,10 +52,6 @@ class FwdKey:
             raise ValueError(f"head_dim must be a multiple of 8 in [8, 256], got {self.head_dim!r}")
         if self.mask not in MASKS:
             raise ValueError(f"mask must be one of {MASKS}, got {self.mask!r}")
-
-    @property
-    def direction(self) -> str:
-        return "fwd"
 
     @property
     def name(self) -> str:
@@ -214,13 +210,7 @@ def key_from_name(name: str) -> FwdKey:
 
 def config_from_name(name: str) -> FwdConfig:
     """Inverse of FwdConfig.name, e.g. "m128n64w4s2_qreg"."""
-    import re
-
     m = re.fullmatch(r"m(\d+)n(\d+)w(\d+)s(\d+)(_qreg)?", name)
     if m is None:
         raise ValueError(f"not a forward config name (like m128n64w4s1 or m128n64w4s2_qreg): {name!r}")
     return FwdConfig(int(m[1]), int(m[2]), int(m[3]), int(m[4]), bool(m[5]))
-
-
-def as_dict(obj: FwdKey | FwdConfig) -> dict:
-    return dataclasses.asdict(obj)
