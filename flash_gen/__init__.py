@@ -6,12 +6,13 @@ compiler side (spec, gen, build) imports without torch, and nothing touches CUDA
 
 from flash_gen.version import FLASH_GEN_VERSION as __version__
 
-__all__ = ["flash_attn_func", "__version__"]
+_API = ("flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func")
+__all__ = [*_API, "__version__"]
 
 
 def __getattr__(name: str):
-    if name == "flash_attn_func":
-        from flash_gen.api import flash_attn_func
+    if name in _API:
+        from flash_gen import api
 
-        return flash_attn_func
+        return getattr(api, name)
     raise AttributeError(f"module 'flash_gen' has no attribute {name!r}")

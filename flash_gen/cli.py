@@ -9,6 +9,7 @@ Never imports optuna.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from flash_gen import spec
+from flash_gen import spec, spec_bwd
 
 
 def _csv(cast: Callable[[str], Any], allowed: Sequence[Any]) -> Callable[[str], tuple]:
@@ -37,8 +38,8 @@ def _csv(cast: Callable[[str], Any], allowed: Sequence[Any]) -> Callable[[str], 
 class Compiled:
     """One variant's compile outcome, sent back from a worker process."""
 
-    key: spec.FwdKey
-    cfg: spec.FwdConfig
+    key: spec.FwdKey | spec_bwd.BwdKey
+    cfg: spec.FwdConfig | spec_bwd.BwdConfig
     entry: str
     source: str | None  # None when rendering failed
     result: Any | None  # flash_gen.build.nvrtc.CompileResult; None on failure
@@ -50,21 +51,21 @@ class Compiled:
         return self.result is not None and not self.result.spills
 
 
-def compile_batch(variants: Sequence[tuple[spec.FwdKey, spec.FwdConfig]]) -> list[Compiled]:
-    """Render `variants` into one translation unit, compile it once, and store each kernel in the kernel cache
+def compile_batch(variants: Sequence[tuple]) -> list[Compiled]:
+    """Render `variants` (all forward or all backward (key, config) pairs) into one translation unit, compile it once, and store each kernel in the kernel cache
     under its own key (so the runtime finds it). Failures are returned, not raised, so one broken batch never
     hides the report of the others."""
     from flash_gen.build import cache
     from flash_gen.build.nvrtc import compile_many
-    from flash_gen.gen.render import entry_name, render_fwd, render_fwd_many
+    from flash_gen.gen.render import entry_name, render_many
 
     entries = [entry_name(key, cfg) for key, cfg in variants]
     arch = variants[0][0].arch
     start = time.perf_counter()
     try:
-        sources = [render_fwd(key, cfg) for key, cfg in variants]
+        sources = [render_many([(key, cfg)]) for key, cfg in variants]
         start = time.perf_counter()
-        results = compile_many(render_fwd_many(variants), entries, arch)
+        results = compile_many(render_many(variants), entries, arch)
         seconds = time.perf_counter() - start
         cache.store_many(list(zip(sources, results)), arch, (), seconds)
     except Exception as e:  # reported in the table and below it
@@ -77,13 +78,13 @@ def compile_batch(variants: Sequence[tuple[spec.FwdKey, spec.FwdConfig]]) -> lis
     ]
 
 
-def plan_batches(variants: list[tuple[spec.FwdKey, spec.FwdConfig]], jobs: int) -> list[list]:
-    """Group variants of one arch and head dim into translation units (they share most of CuTe's template
+def plan_batches(variants: list[tuple], jobs: int) -> list[list]:
+    """Group variants of one direction, arch and head dim into translation units (they share most of CuTe's template
     instantiations: 24 kernels compile in about 2.5x the time of one), splitting groups until every worker has
     one, and capping a group at 24 kernels."""
     groups: dict[tuple, list] = {}
     for key, cfg in variants:
-        groups.setdefault((key.arch, key.head_dim), []).append((key, cfg))
+        groups.setdefault((type(key), key.arch, key.head_dim), []).append((key, cfg))
     batches = [g[i : i + 24] for g in groups.values() for i in range(0, len(g), 24)]
     while len(batches) < jobs and any(len(b) > 1 for b in batches):
         largest = max(batches, key=len)
@@ -92,18 +93,40 @@ def plan_batches(variants: list[tuple[spec.FwdKey, spec.FwdConfig]], jobs: int) 
     return batches
 
 
-def _variants(args: argparse.Namespace) -> list[tuple[spec.FwdKey, spec.FwdConfig]]:
-    """Selected keys x (their default config, or each --configs tiling that is feasible for the key)."""
-    keys = spec.enumerate_keys(args.arch, args.dtype, args.hdim, args.mask, ((args.softcap, args.alibi),))
+def _variants(args: argparse.Namespace) -> list[tuple]:
+    """Selected keys (forward and/or backward) x (their default config, or each --configs tiling of that
+    direction that is feasible for the key)."""
     out = []
-    for key in keys:
-        if not args.configs:
-            out.append((key, spec.default_config(key)))
-        for name in args.configs:
-            cfg = spec.config_from_name(name)
-            if spec.infeasible_reason(key, cfg) is None:
-                out.append((key, cfg))
+    for fwd in spec.enumerate_keys(args.arch, args.dtype, args.hdim, args.mask, ((args.softcap, args.alibi),)):
+        if "fwd" in args.direction:
+            out += _with_configs(fwd, spec.default_config, spec.config_from_name, spec.infeasible_reason, args)
+        if "bwd" in args.direction:
+            bwd = spec_bwd.BwdKey(**dataclasses.asdict(fwd), deterministic=args.deterministic)
+            out += _with_configs(bwd, spec_bwd.default_bwd_config, spec_bwd.bwd_config_from_name,
+                                 spec_bwd.bwd_infeasible_reason, args)
     return out
+
+
+def _with_configs(key, default, from_name, infeasible, args: argparse.Namespace) -> list[tuple]:
+    if not args.configs:
+        return [(key, default(key))]
+    out = []
+    for name in args.configs:
+        try:
+            cfg = from_name(name)
+        except ValueError:  # a tiling of the other direction
+            continue
+        if infeasible(key, cfg) is None:
+            out.append((key, cfg))
+    return out
+
+
+def _config_name(text: str) -> str:
+    """A forward or backward config name, checked."""
+    try:
+        return spec.config_from_name(text).name
+    except ValueError:
+        return spec_bwd.bwd_config_from_name(text).name
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
@@ -116,14 +139,14 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         jobs = track(pool.map(compile_batch, batches), total=len(batches), description="compiling", transient=True)
         done = [c for batch in jobs for c in batch]
 
-    table = Table(title=f"{len(done)} forward kernels ({'chosen' if args.configs else 'default'} configs)")
+    table = Table(title=f"{len(done)} kernels ({'chosen' if args.configs else 'default'} configs)")
     for col in ("kernel", "config", "regs", "spill st", "spill ld", "stack", "smem static+dyn", "batch s", "status"):
         table.add_column(col, justify="left" if col in ("kernel", "config", "status") else "right")
     for c in done:
         r = c.result
         status = "[green]ok" if c.ok else ("[red]FAILED" if r is None else "[red]spills")
         nums = ("-",) * 5 if r is None else (
-            r.registers, r.spill_stores, r.spill_loads, r.stack_frame, f"{r.static_smem}+{spec.smem_bytes(c.key, c.cfg)}"
+            r.registers, r.spill_stores, r.spill_loads, r.stack_frame, f"{r.static_smem}+{_smem(c.key, c.cfg)}"
         )
         table.add_row(c.key.name, c.cfg.name, *map(str, nums), f"{c.seconds:.1f}", status)
     console = Console(width=None if sys.stdout.isatty() else 160)  # logs get the whole table, not 80 columns
@@ -145,6 +168,12 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     if bad:
         console.print(f"[red]{bad} of {len(done)} kernels failed to compile or spilled")
     return 1 if bad else 0
+
+
+def _smem(key, cfg) -> int:
+    if isinstance(key, spec_bwd.BwdKey):
+        return spec_bwd.bwd_smem_bytes(key, cfg)
+    return spec.smem_bytes(key, cfg)
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -196,11 +225,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--mask", type=_csv(str, spec.MASKS), default=spec.MASKS, help="comma list (default: all)")
     p.add_argument("--softcap", action="store_true", help="compile the softcap variants")
     p.add_argument("--alibi", action="store_true", help="compile the ALiBi variants")
+    p.add_argument("--direction", type=_csv(str, ("fwd", "bwd")), default=("fwd",),
+                   help="fwd, bwd or fwd,bwd (default: fwd)")
+    p.add_argument("--deterministic", action="store_true", help="backward kernels with ordered dQ accumulation")
     p.add_argument(
         "--configs",
-        type=lambda text: tuple(spec.config_from_name(c).name for c in text.split(",") if c),
+        type=lambda text: tuple(_config_name(c) for c in text.split(",") if c),
         default=(),
-        help="tilings to compile instead of the defaults (FwdConfig names, e.g. m128n64w4s2); infeasible ones skipped",
+        help="tilings to compile instead of the defaults (FwdConfig names like m128n64w4s2, BwdConfig names like "
+        "m64n128w8a242s2, each applied to its direction); infeasible ones skipped",
     )
     p.add_argument("--out", type=Path, help="write <kernel>.cu, .ptx and .cubin here (PTX and cubin hold the whole "
                    "batch the kernel was compiled in)")

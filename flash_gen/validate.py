@@ -165,6 +165,61 @@ def validate_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: An
     return args
 
 
+def check_attn_args(
+    dropout_p: float,
+    softmax_scale: float | None,
+    causal: bool,
+    window_size: tuple[int, int],
+    softcap: float,
+    alibi_slopes: torch.Tensor | None,
+    deterministic: bool,
+    return_attn_probs: bool,
+) -> tuple:
+    """The public functions' non-tensor arguments, checked (errors name them) and flattened into the trailing
+    arguments of flash_gen.ops: (softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
+    deterministic). Pure Python on plain values, so torch.compile traces it without a graph break."""
+    _check_unsupported(dropout_p, return_attn_probs)
+    if softmax_scale is not None:
+        softmax_scale = _check_positive("softmax_scale", softmax_scale)
+    left, right = _check_window(window_size)
+    return (softmax_scale, _check_bool("causal", causal), left, right, _check_softcap(softcap), alibi_slopes,
+            _check_bool("deterministic", deterministic))
+
+
+def check_packed(name: str, t: object, parts: int) -> None:
+    """A packed tensor is (batch, seqlen, parts, nheads, head_dim): kv has 2 parts, qkv 3."""
+    _require_tensor(name, t)
+    if t.dim() != 5 or t.shape[2] != parts:
+        raise ValueError(f"{name}: expected shape (batch, seqlen, {parts}, nheads, head_dim), got {tuple(t.shape)}")
+
+
+def check_bwd(
+    dout: torch.Tensor, q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, deterministic: bool
+) -> torch.Tensor:
+    """Checks of the backward's extra inputs (q, k, v pass `check_fwd`). Returns dout with a dense, aligned
+    last dim (a copy only when the incoming gradient is not, e.g. the expanded gradient of a sum)."""
+    _require_tensor("dout", dout)
+    if dout.dtype != q.dtype:
+        raise TypeError(f"dout: dtype {dout.dtype} differs from q's dtype {q.dtype}")
+    if dout.shape != q.shape:
+        raise ValueError(f"dout: shape {tuple(dout.shape)} differs from q's shape {tuple(q.shape)}")
+    if dout.device != q.device:
+        raise ValueError(f"dout: device {dout.device} differs from q's device {q.device}")
+    if out.shape != q.shape or out.dtype != q.dtype:
+        raise ValueError(f"out: expected the forward output, shape {tuple(q.shape)} {q.dtype}, got "
+                         f"{tuple(out.shape)} {out.dtype}")
+    b, s, h, _ = q.shape
+    if lse.shape != (b, h, s) or lse.dtype != torch.float32 or not lse.is_contiguous():
+        raise ValueError(f"softmax_lse: expected the forward's contiguous ({b}, {h}, {s}) float32, got "
+                         f"{tuple(lse.shape)} {lse.dtype} strides {lse.stride()}")
+    _check_bool("deterministic", deterministic)
+    try:
+        _check_layout("dout", dout)
+    except ValueError:
+        dout = dout.contiguous()
+    return dout
+
+
 def _check_unsupported(dropout_p: float, return_attn_probs: bool) -> None:
     if not _is_real(dropout_p):
         raise TypeError(f"dropout_p: expected a float, got {type(dropout_p).__name__}")

@@ -1,9 +1,9 @@
 """Compile, on a machine without a GPU, every kernel the GPU tests and the default benchmark will ask for, into
 a kernel cache folder that a lent GPU machine then reads, so its minutes go to testing instead of NVRTC.
 
-    python3 scripts/prebuild_gpu_test_kernels.py [--arch sm90] [--out .kernels] [-j N]
+    python3 scripts/prebuild_gpu_test_kernels.py [--arch sm90] [--out .kernels] [--suites fwd,bwd,bench] [-j N]
 
-Then carry the folder (device tool: carry [".whl", ".kernels"]); scripts/device_check.sh points
+(--suites bwd limits it to one test module's kernels.) Then carry the folder (device tool: carry [".whl", ".kernels"]); scripts/device_check.sh points
 FLASH_GEN_CACHE_DIR at it. Cache keys cover the NVRTC and header-wheel versions, so on a mismatch the device
 simply compiles what it lacks. Kernels are compiled in batches (one translation unit per arch and head dim).
 """
@@ -21,29 +21,49 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 
-def variants(arch: str) -> set:
-    """(key, config) pairs requested by tests/test_fwd_gpu.py and by `flash-gen bench`'s default shapes."""
+def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "bench")) -> set:
+    """(key, config) pairs requested by tests/test_fwd_gpu.py ("fwd"), tests/test_bwd_gpu.py ("bwd") and
+    `flash-gen bench`'s default shapes ("bench")."""
+    import test_bwd_gpu as tb
     import test_fwd_gpu as t
 
     from flash_gen.spec import FwdKey, config_from_name, default_config
+    from flash_gen.spec_bwd import BwdKey, default_bwd_config
     from flash_gen.validate import derive_mask
 
     def default(dtype: str, head_dim: int, mask: str, softcap: bool = False, alibi: bool = False) -> tuple:
         key = FwdKey(arch, dtype, head_dim, mask, softcap, alibi)
         return key, default_config(key)
 
+    def default_bwd(dtype: str, head_dim: int, mask: str, softcap: bool = False, alibi: bool = False,
+                    deterministic: bool = False) -> tuple:
+        key = BwdKey(arch, dtype, head_dim, mask, softcap, alibi, deterministic)
+        return key, default_bwd_config(key)
+
     out = set()
-    for c in t.CASES:
+    cases = (t.CASES if "fwd" in suites else []) + (tb.CASES if "bwd" in suites else [])
+    for c in cases:
         causal, window = t.MASKS[c.mask]
         mask, _ = derive_mask(causal, window, c.seqlen_q, c.seqlen_k)
         out.add(default(c.dtype, c.head_dim, mask, c.feature == "softcap", c.feature.startswith("alibi")))
-    for head_dim, names in t.CONFIGS.items():
-        for name in names:
+        if isinstance(c, tb.Case):
+            out.add(default_bwd(c.dtype, c.head_dim, mask, c.feature == "softcap", c.feature.startswith("alibi"),
+                                c.deterministic))
+    if "bwd" in suites:  # the autograd, determinism, compile, profiler and CUDA-graph tests
+        for d in (64, 128):
+            out.add(default("bf16", d, "causal"))
+            out.update(default_bwd("bf16", d, "causal", deterministic=det) for det in (False, True))
+    if "fwd" in suites:
+        for head_dim, names in t.CONFIGS.items():
+            for name in names:
+                for mask in ("none", "causal"):
+                    out.add((FwdKey(arch, "bf16", head_dim, mask), config_from_name(name)))
+        for dtype in ("fp16", "bf16"):  # the packed-qkv, API and requires_grad tests
+            out.update(default(dtype, 64, mask) for mask in ("none", "causal"))
+    if "bench" in suites:
+        for d in (64, 128, 256):
             for mask in ("none", "causal"):
-                out.add((FwdKey(arch, "bf16", head_dim, mask), config_from_name(name)))
-    for dtype in ("fp16", "bf16"):  # the packed-qkv, API and requires_grad tests
-        out.update(default(dtype, 64, mask) for mask in ("none", "causal"))
-    out.update(default("bf16", d, mask) for d in (64, 128, 256) for mask in ("none", "causal"))  # the bench
+                out.update((default("bf16", d, mask), default_bwd("bf16", d, mask)))
     return out
 
 
@@ -51,13 +71,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", default="sm90")
     parser.add_argument("--out", type=Path, default=ROOT / ".kernels")
+    parser.add_argument("--suites", default="fwd,bwd,bench", help="comma list of fwd, bwd, bench")
     parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
     os.environ["FLASH_GEN_CACHE_DIR"] = str(args.out.resolve())  # inherited by the worker processes
 
     from flash_gen import cli
+    from flash_gen.build import cache
+    from flash_gen.gen.render import entry_name, render_many
 
-    todo = sorted(variants(args.arch), key=lambda v: (v[0].name, v[1].name))
+    todo = sorted(variants(args.arch, tuple(args.suites.split(","))), key=lambda v: (v[0].name, v[1].name))
+    cached = [v for v in todo if cache.lookup(render_many([v]), entry_name(*v), args.arch) is not None]
+    todo = [v for v in todo if v not in cached]
+    print(f"{len(cached)} kernels already in {args.out}", flush=True)
     batches = cli.plan_batches(todo, args.jobs)
     print(f"{len(todo)} kernels in {len(batches)} batches -> {args.out}", flush=True)
     start = time.perf_counter()
@@ -70,7 +96,7 @@ def main() -> int:
                     print(f"  {c.entry}: {(c.error or '').splitlines()[0]}", flush=True)
                 elif c.result.spills:  # kept: the tests check spilling tilings too (e.g. _qreg)
                     print(f"  {c.entry}: spills {c.result.spill_stores} bytes", flush=True)
-            print(f"  batch of {len(batch)} ({batch[0].key.arch} hd{batch[0].key.head_dim}) in "
+            print(f"  batch of {len(batch)} ({batch[0].key.name}...) in "
                   f"{batch[0].seconds:.0f} s", flush=True)
     print(f"done in {time.perf_counter() - start:.0f} s, {failed} failed")
     return 1 if failed else 0

@@ -306,3 +306,18 @@ def test_launch_struct_kernel_on_torch_stream():
 
     first = loader.get_kernel(source_fn, ENTRY, arch, smem, device)
     assert loader.get_kernel(source_fn, ENTRY, arch, smem, device) is first and len(renders) == 1
+
+
+def test_cache_key_follows_included_headers_only(tmp_path, monkeypatch):
+    """A key covers the flash_gen headers its source includes, transitively, and no others."""
+    (tmp_path / "flash_gen").mkdir()
+    (tmp_path / "flash_gen" / "a.cuh").write_text('#include "flash_gen/b.cuh"\n')
+    (tmp_path / "flash_gen" / "b.cuh").write_text("// b v1\n")
+    (tmp_path / "flash_gen" / "c.cuh").write_text("// c v1\n")
+    monkeypatch.setattr(nvrtc, "TEMPLATE_INCLUDE_DIR", tmp_path)
+    source = '#include "flash_gen/a.cuh"\nextern "C" __global__ void k() {}\n'
+    key = cache.cache_key(source, "k", "sm90")
+    (tmp_path / "flash_gen" / "c.cuh").write_text("// c v2\n")
+    assert cache.cache_key(source, "k", "sm90") == key
+    (tmp_path / "flash_gen" / "b.cuh").write_text("// b v2\n")
+    assert cache.cache_key(source, "k", "sm90") != key

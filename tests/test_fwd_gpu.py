@@ -8,7 +8,6 @@ numbers on every run, and the seed is in every failure message so a failure can 
 
 from __future__ import annotations
 
-import os
 import random
 from dataclasses import dataclass
 
@@ -17,6 +16,8 @@ import torch
 
 from flash_gen import flash_attn_func
 from flash_gen.validate import validate_fwd
+
+from attn_reference import attention_ref, fresh_seed
 
 pytestmark = pytest.mark.gpu
 
@@ -78,53 +79,6 @@ def _cases() -> list[Case]:
 CASES = _cases()
 
 
-def attention_ref(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    scale: float,
-    causal: bool,
-    window: tuple[int, int],
-    softcap: float,
-    alibi_slopes: torch.Tensor | None,
-    upcast: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse) of flash_attn's attention: float64 throughout when `upcast`, else matmuls in the inputs' dtype
-    and the softmax in fp32. lse is +inf for rows that see no key (their output is 0)."""
-    if upcast:
-        q, k, v = q.double(), k.double(), v.double()
-    acc = torch.float64 if upcast else torch.float32
-    seqlen_q, seqlen_k = q.shape[1], k.shape[1]
-    group = q.shape[2] // k.shape[2]
-    k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)  # GQA/MQA in the reference only
-    scores = torch.einsum("bqhd,bkhd->bhqk", q, k).to(acc) * scale
-    if softcap > 0:
-        scores = softcap * torch.tanh(scores / softcap)
-    row = torch.arange(seqlen_q, device=q.device)[:, None] + (seqlen_k - seqlen_q)  # bottom-right aligned
-    col = torch.arange(seqlen_k, device=q.device)[None, :]
-    if alibi_slopes is not None:
-        slopes = alibi_slopes.to(acc)
-        slopes = slopes[None, :, None, None] if slopes.dim() == 1 else slopes[:, :, None, None]
-        scores = scores - slopes * (row - col).abs()
-    left, right = window[0], 0 if causal else window[1]
-    visible = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=q.device)
-    if right >= 0:
-        visible &= col <= row + right
-    if left >= 0:
-        visible &= col >= row - left
-    scores = scores.masked_fill(~visible, float("-inf"))
-    blind = ~visible.any(dim=-1)  # rows that see no key
-    lse = torch.logsumexp(scores, dim=-1).masked_fill(blind, float("inf"))
-    attn = torch.softmax(scores, dim=-1).masked_fill(blind[:, None], 0.0)
-    out = torch.einsum("bhqk,bkhd->bqhd", attn.to(v.dtype), v)
-    return out, lse
-
-
-def _fresh_seed() -> int:
-    return int.from_bytes(os.urandom(4), "little")
-
-
 def _inputs(case: Case, seed: int):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     randn = lambda *shape: torch.randn(*shape, generator=gen, device="cuda", dtype=DTYPES[case.dtype])  # noqa: E731
@@ -158,7 +112,7 @@ def _run(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slop
 
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_forward_matches_reference(case: Case):
-    seed = _fresh_seed()
+    seed = fresh_seed()
     q, k, v, alibi = _inputs(case, seed)
     causal, window = MASKS[case.mask]
     softcap = SOFTCAP if case.feature == "softcap" else 0.0
@@ -184,7 +138,7 @@ def test_forward_matches_reference(case: Case):
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.batch == 7 and c.seqlen_q > 1][:4], ids=str)
 def test_api_matches_runtime(case: Case):
-    q, k, v, alibi = _inputs(case, _fresh_seed())
+    q, k, v, alibi = _inputs(case, fresh_seed())
     causal, window = MASKS[case.mask]
     softcap = SOFTCAP if case.feature == "softcap" else 0.0
     kwargs = dict(causal=causal, window_size=window, softcap=softcap, alibi_slopes=alibi)
@@ -196,7 +150,7 @@ def test_api_matches_runtime(case: Case):
 def test_views_of_packed_qkv(dtype: str, nheads_k: int):
     """q, k, v sliced out of one packed tensor (strided, last dim dense) read in place give the same result."""
     b, s, h, d = 3, 257, 6, 64
-    gen = torch.Generator(device="cuda").manual_seed(_fresh_seed())
+    gen = torch.Generator(device="cuda").manual_seed(fresh_seed())
     packed = torch.randn(b, s, h + 2 * nheads_k, d, generator=gen, device="cuda", dtype=DTYPES[dtype])
     q, k, v = packed.split([h, nheads_k, nheads_k], dim=2)
     assert not q.is_contiguous()
@@ -206,7 +160,7 @@ def test_views_of_packed_qkv(dtype: str, nheads_k: int):
 
 
 def test_requires_grad_inputs_run_forward():
-    gen = torch.Generator(device="cuda").manual_seed(_fresh_seed())
+    gen = torch.Generator(device="cuda").manual_seed(fresh_seed())
     q, k, v = (torch.randn(2, 64, 4, 64, generator=gen, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     expected = flash_attn_func(q, k, v)
     assert torch.equal(flash_attn_func(q.requires_grad_(), k.requires_grad_(), v.requires_grad_()), expected)
@@ -235,7 +189,7 @@ def test_configs_match_reference(head_dim: int, config: str, causal: bool):
     from flash_gen.runtime.fwd import attention_fwd
     from flash_gen.spec import config_from_name
 
-    seed = _fresh_seed()
+    seed = fresh_seed()
     case = Case("bf16", head_dim, 333, 461, 3, 4, 2, "causal" if causal else "none")
     q, k, v, _ = _inputs(case, seed)
     out = torch.full_like(q, float("nan"))

@@ -1,5 +1,5 @@
-"""CPU checks of the real forward kernels: every key renders, and a representative matrix compiles with NVRTC
-for sm_80, sm_90a and sm_100a without register spills. No GPU needed.
+"""CPU checks of the real kernels: every forward key renders, and a representative matrix of forward and
+backward kernels compiles with NVRTC for sm_80, sm_90a and sm_100a without register spills. No GPU needed.
 
 Compiling one variant takes about a minute on a 2-core machine (CuTe's templates dominate), so the matrix is
 chosen to cover every code path at least once (each mask kind, softcap, ALiBi, fp16 and bf16, a padded head
@@ -17,6 +17,7 @@ import pytest
 from flash_gen import cli
 from flash_gen.gen.render import entry_name, render_fwd
 from flash_gen.spec import FwdConfig, FwdKey, default_config, enumerate_configs, enumerate_keys, smem_bytes
+from flash_gen.spec_bwd import BwdKey, default_bwd_config
 
 MATRIX = (
     FwdKey("sm80", "bf16", 128, "causal"),
@@ -25,7 +26,15 @@ MATRIX = (
     FwdKey("sm90", "bf16", 64, "none"),
     FwdKey("sm100", "bf16", 256, "none"),
     FwdKey("sm100", "fp16", 160, "causal", alibi=True),
+    # backward: every arch, both dQ orders, every feature, a padded head dim, the three tiling families
+    BwdKey("sm80", "bf16", 128, "causal"),
+    BwdKey("sm90", "fp16", 72, "local", softcap=True, alibi=True, deterministic=True),
+    BwdKey("sm100", "bf16", 256, "none"),
 )
+
+
+def _default(key):
+    return default_bwd_config(key) if isinstance(key, BwdKey) else default_config(key)
 
 
 def test_every_key_renders_with_its_default_config():
@@ -56,12 +65,12 @@ def compiled(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("FLASH_GEN_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
         with ProcessPoolExecutor(max_workers=2) as pool:
-            batches = list(pool.map(cli.compile_batch, [[(k, default_config(k))] for k in MATRIX]))
+            batches = list(pool.map(cli.compile_batch, [[(k, _default(k))] for k in MATRIX]))
         yield {k: batch[0] for k, batch in zip(MATRIX, batches)}
 
 
 @pytest.mark.parametrize("key", MATRIX, ids=lambda k: k.name)
-def test_representative_kernel_compiles_without_spills(compiled, key: FwdKey):
+def test_representative_kernel_compiles_without_spills(compiled, key: FwdKey | BwdKey):
     c = compiled[key]
     assert c.error is None, c.error
     r = c.result
@@ -116,25 +125,40 @@ def test_cli_compile_writes_report_and_files(compiled, tmp_path, monkeypatch, ca
         assert (tmp_path / f"{entry}{suffix}").stat().st_size > 0
 
 
-def test_params_struct_layout_matches_kernel():
-    """runtime.fwd.FwdParams (ctypes) and flash_gen::FwdParams (C++) agree on every field offset and the size.
-    NVRTC has no constant offsetof, so one probe kernel per field reads it, and the PTX names the offset of
-    that parameter load."""
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+def test_params_struct_layout_matches_kernel(direction: str):
+    """runtime.{fwd,bwd}.{Fwd,Bwd}Params (ctypes) and flash_gen::{Fwd,Bwd}Params (C++) agree on every field offset
+    and the size. NVRTC has no constant offsetof, so one probe kernel per field reads it, and the PTX names the
+    offset of that parameter load."""
     import ctypes
+    import importlib
 
     from flash_gen.build.nvrtc import compile_many
-    from flash_gen.runtime.fwd import FwdParams
 
-    names = [name for name, _ in FwdParams._fields_]
-    source = '#include "flash_gen/fwd_params.cuh"\n' + "".join(
-        f'extern "C" __global__ void fg_probe_{n}(const __grid_constant__ flash_gen::FwdParams p, '
+    struct = f"{direction.capitalize()}Params"
+    params = getattr(importlib.import_module(f"flash_gen.runtime.{direction}"), struct)
+    names = [name for name, _ in params._fields_]
+    source = f'#include "flash_gen/{direction}_params.cuh"\n' + "".join(
+        f'extern "C" __global__ void fg_probe_{n}(const __grid_constant__ flash_gen::{struct} p, '
         f"unsigned long long* out) {{ *out = (unsigned long long)(p.{n}); }}\n"
         for n in names
     )
     ptx = compile_many(source, [f"fg_probe_{n}" for n in names], "sm80")[0].ptx
-    size = re.search(r"\.b8 fg_probe_q_param_0\[(\d+)\]", ptx)
-    assert size and int(size[1]) == ctypes.sizeof(FwdParams)
+    size = re.search(rf"\.b8 fg_probe_{names[0]}_param_0\[(\d+)\]", ptx)
+    assert size and int(size[1]) == ctypes.sizeof(params)
     for n in names:
         load = re.search(rf"ld\.param\.\w+\s+[^,]+, \[fg_probe_{n}_param_0(?:\+(\d+))?\]", ptx)
         assert load, f"no parameter load found for {n}"
-        assert int(load[1] or 0) == getattr(FwdParams, n).offset, f"{n}: C++ offset {load[1]} != ctypes"
+        assert int(load[1] or 0) == getattr(params, n).offset, f"{n}: C++ offset {load[1]} != ctypes"
+
+
+@pytest.mark.parametrize("arch,dtype", [("sm80", "fp16"), ("sm90", "bf16"), ("sm100", "bf16")])
+def test_backward_helper_kernels_compile(arch: str, dtype: str):
+    """The head-dim-generic preprocess and dQ-convert kernels: no CuTe, so seconds to compile."""
+    from flash_gen.build.nvrtc import compile_many
+    from flash_gen.gen.render import bwd_aux_prefix, render_bwd_aux
+
+    prefix = bwd_aux_prefix(arch, dtype)
+    results = compile_many(render_bwd_aux(arch, dtype), [f"{prefix}_preprocess", f"{prefix}_convert_dq"], arch)
+    for r in results:
+        assert f".entry {r.entry}" in r.ptx and not r.spills

@@ -17,6 +17,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -33,7 +34,7 @@ _reported: set[Path] = set()  # corrupt entries already warned about in this pro
 
 def cache_key(source: str, entry: str, arch: str, options: tuple[str, ...] = ()) -> str:
     """sha256 over everything that decides the cubin: flash_gen and NVRTC versions, arch, flags, entry, the
-    source and flash_gen's own headers (the source #includes them, so they are not in its text)."""
+    source and the flash_gen headers it #includes (directly or through each other)."""
     h = hashlib.sha256()
     parts = (
         FLASH_GEN_VERSION,
@@ -41,7 +42,7 @@ def cache_key(source: str, entry: str, arch: str, options: tuple[str, ...] = ())
         arch,
         nvrtc.compile_options_fingerprint(arch, tuple(options)),
         entry,
-        _templates_digest(),
+        _headers_digest(source),
         source,
     )
     for part in parts:
@@ -50,12 +51,26 @@ def cache_key(source: str, entry: str, arch: str, options: tuple[str, ...] = ())
     return h.hexdigest()
 
 
-def _templates_digest() -> str:
-    # Not memoised: headers edited during a session must change the key. It is a handful of small files.
-    h = hashlib.sha256()
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"(flash_gen/[^"]+)"', re.MULTILINE)
+
+
+def _headers_digest(source: str) -> str:
+    """Digest of flash_gen's own headers that `source` includes, followed transitively, so editing the backward
+    kernel's header does not invalidate forward cubins. Not memoised: headers edited during a session must change
+    the key. (Headers from the CUTLASS/CUDA wheels are covered by their versions in the options fingerprint.)"""
     root = nvrtc.TEMPLATE_INCLUDE_DIR
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    seen: set[str] = set()
+    todo = _INCLUDE.findall(source)
+    h = hashlib.sha256()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        text = (root / name).read_bytes()
+        todo += _INCLUDE.findall(text.decode())
+    for name in sorted(seen):
+        h.update(name.encode() + b"\0" + (root / name).read_bytes() + b"\0")
     return h.hexdigest()
 
 

@@ -13,6 +13,7 @@ from typing import Sequence
 import jinja2
 
 from flash_gen.spec import FwdConfig, FwdKey, infeasible_reason, smem_bytes
+from flash_gen.spec_bwd import BwdConfig, BwdKey, bwd_head_dim_mma, bwd_infeasible_reason, bwd_smem_bytes
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
 INCLUDE_DIR = TEMPLATE_DIR / "include"
@@ -31,7 +32,7 @@ def _env() -> jinja2.Environment:
     )
 
 
-def entry_name(key: FwdKey, cfg: FwdConfig) -> str:
+def entry_name(key: FwdKey | BwdKey, cfg: FwdConfig | BwdConfig) -> str:
     """The kernel's extern "C" symbol: key and config names joined, unique per variant."""
     return f"flash_gen_{key.name}__{cfg.name}"
 
@@ -65,3 +66,46 @@ def render_fwd_many(variants: Sequence[tuple[FwdKey, FwdConfig]]) -> str:
             }
         )
     return _env().get_template("fwd_sm80.cu.j2").render(variants=items)
+
+
+def render_bwd_many(variants: Sequence[tuple[BwdKey, BwdConfig]]) -> str:
+    """One translation unit holding the main backward kernel of every (key, config) in `variants`. Raises
+    ValueError for an infeasible pair."""
+    items = []
+    for i, (key, cfg) in enumerate(variants):
+        why = bwd_infeasible_reason(key, cfg)
+        if why is not None:
+            raise ValueError(f"{cfg.name} cannot be built for {key.name}: {why}")
+        items.append(
+            {
+                "key": key,
+                "cfg": cfg,
+                "traits": f"Traits{i}",
+                "entry": entry_name(key, cfg),
+                "element": _ELEMENT[key.dtype],
+                "mask": _MASK[key.mask],
+                "head_dim_mma": bwd_head_dim_mma(key, cfg),
+                "smem_bytes": bwd_smem_bytes(key, cfg),
+            }
+        )
+    return _env().get_template("bwd_sm80.cu.j2").render(variants=items)
+
+
+def render_bwd(key: BwdKey, cfg: BwdConfig) -> str:
+    return render_bwd_many([(key, cfg)])
+
+
+def bwd_aux_prefix(arch: str, dtype: str) -> str:
+    """Entry-name prefix of the head-dim-generic backward helpers (`<prefix>_preprocess`,
+    `<prefix>_convert_dq`) for one arch and dtype."""
+    return f"flash_gen_bwd_aux_{arch}_{dtype}"
+
+
+def render_bwd_aux(arch: str, dtype: str) -> str:
+    """The preprocess and dQ-convert kernels for `dtype` (no CuTe: they compile in seconds)."""
+    return _env().get_template("bwd_aux.cu.j2").render(prefix=bwd_aux_prefix(arch, dtype), bf16=dtype == "bf16")
+
+
+def render_many(variants: Sequence[tuple[FwdKey, FwdConfig]] | Sequence[tuple[BwdKey, BwdConfig]]) -> str:
+    """One translation unit for variants of one direction (all forward or all backward keys)."""
+    return render_bwd_many(variants) if isinstance(variants[0][0], BwdKey) else render_fwd_many(variants)

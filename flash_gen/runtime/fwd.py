@@ -8,18 +8,14 @@ no host synchronisation. Must not import optuna.
 from __future__ import annotations
 
 import ctypes
-import math
 
 import torch
 
 from flash_gen import settings
 from flash_gen.gen.render import entry_name, render_fwd
 from flash_gen.runtime import driver, loader
+from flash_gen.runtime.score_params import DTYPES, check_grid, mask_kind, set_score_fields, set_strides
 from flash_gen.spec import FwdConfig, FwdKey, config_from_name, default_config, infeasible_reason, smem_bytes
-
-_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
-_LOG2E = math.log2(math.e)
-_MAX_GRID_YZ = 65535  # heads and batch index gridDim.y and gridDim.z
 
 
 class FwdParams(ctypes.Structure):
@@ -103,44 +99,21 @@ def attention_fwd(
     """
     batch, seqlen_q, nheads, head_dim = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
-    if batch > _MAX_GRID_YZ or nheads > _MAX_GRID_YZ:
-        raise ValueError(f"q: batch ({batch}) and nheads ({nheads}) must each be <= {_MAX_GRID_YZ} (CUDA grid limit)")
-    left, right = window_size
-    if causal:
-        mask = "causal"
-    elif left >= 0 or right >= 0:
-        mask = "local"
-    else:
-        mask = "none"
-    var = _variant(
-        q.device.index, _DTYPES[q.dtype], head_dim, mask, softcap > 0, alibi_slopes is not None, config
-    )
+    check_grid(batch, nheads)
+    mask = mask_kind(causal, window_size)
+    var = _variant(q.device.index, DTYPES[q.dtype], head_dim, mask, softcap > 0, alibi_slopes is not None, config)
 
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, nheads, seqlen_q), dtype=torch.float32, device=q.device)
 
-    unbounded = seqlen_q + seqlen_k  # past every key, so the kernel compares plain integers
     p = FwdParams()
     p.q, p.k, p.v, p.o, p.lse = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr()
-    p.q_batch_stride, p.q_row_stride, p.q_head_stride = q.stride(0), q.stride(1), q.stride(2)
-    p.k_batch_stride, p.k_row_stride, p.k_head_stride = k.stride(0), k.stride(1), k.stride(2)
-    p.v_batch_stride, p.v_row_stride, p.v_head_stride = v.stride(0), v.stride(1), v.stride(2)
-    p.o_batch_stride, p.o_row_stride, p.o_head_stride = out.stride(0), out.stride(1), out.stride(2)
-    p.batch, p.nheads, p.nheads_k, p.seqlen_q, p.seqlen_k = batch, nheads, nheads_k, seqlen_q, seqlen_k
-    p.window_left = left if mask == "local" and left >= 0 else unbounded
-    p.window_right = 0 if causal else (right if right >= 0 else unbounded)
-    if softcap > 0:
-        p.score_scale = softmax_scale / softcap
-        p.scale_log2 = softcap * _LOG2E
-        p.alibi_scale = 1.0 / softcap
-    else:
-        p.score_scale = 1.0
-        p.scale_log2 = softmax_scale * _LOG2E
-        p.alibi_scale = 1.0 / softmax_scale
-    if alibi_slopes is not None:
-        p.alibi_slopes = alibi_slopes.data_ptr()
-        p.alibi_batch_stride = alibi_slopes.stride(0) if alibi_slopes.dim() == 2 else 0
+    for prefix, t in (("q", q), ("k", k), ("v", v), ("o", out)):
+        set_strides(p, prefix, t)
+    set_score_fields(p, batch=batch, nheads=nheads, nheads_k=nheads_k, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
+                     causal=causal, window_size=window_size, softmax_scale=softmax_scale, softcap=softcap,
+                     alibi_slopes=alibi_slopes)
 
     grid = ((seqlen_q + var.cfg.block_m - 1) // var.cfg.block_m, nheads, batch)
     stream = torch.cuda.current_stream(q.device).cuda_stream

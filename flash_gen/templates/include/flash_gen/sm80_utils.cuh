@@ -107,6 +107,21 @@ __device__ __forceinline__ void copy_zfill(TiledCopy const& tiled_copy, Src cons
   }
 }
 
+// Copy a partitioned smem tile to gmem, 16-byte vector by vector, skipping vectors whose (row, col) lies outside
+// [0, max_row) x [0, max_col).
+template <class TiledCopy, class Src, class Dst, class Coord>
+__device__ __forceinline__ void copy_predicated(TiledCopy const& tiled_copy, Src const& src, Dst&& dst,
+                                                Coord const& coord, int max_row, int max_col) {
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(src); ++m) {
+    if (get<0>(coord(0, m, 0)) >= max_row) continue;
+    CUTE_UNROLL
+    for (int k = 0; k < size<2>(src); ++k) {
+      if (get<1>(coord(0, m, k)) < max_col) copy(tiled_copy, src(_, m, k), dst(_, m, k));
+    }
+  }
+}
+
 __device__ __forceinline__ float inf() { return __int_as_float(0x7f800000); }
 
 // 2^x on the SFU (MUFU.EX2); -inf gives 0.

@@ -1,0 +1,167 @@
+"""Backward kernel identities: the key (semantics) and config (tiling) of the portable backward kernel.
+
+Mirrors flash_gen.spec for the forward: frozen dataclasses of plain scalars with stable, readable names, a
+feasibility model checked before NVRTC runs, and hand-picked defaults. Must not import torch or cuda.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from typing import Iterator
+
+from flash_gen.spec import ARCHS, DTYPES, HEAD_DIMS, MASKS, MAX_ACCUM_REGS, MAX_SMEM_PER_BLOCK, FwdKey, enumerate_keys
+
+
+@dataclass(frozen=True)
+class BwdKey:
+    """Semantics of a backward kernel: the forward's key plus whether dQ accumulates in a fixed order."""
+
+    arch: str
+    dtype: str
+    head_dim: int
+    mask: str = "none"
+    softcap: bool = False
+    alibi: bool = False
+    deterministic: bool = False
+
+    def __post_init__(self) -> None:
+        FwdKey(self.arch, self.dtype, self.head_dim, self.mask, self.softcap, self.alibi)  # validates them
+
+    @property
+    def fwd(self) -> FwdKey:
+        """The forward key with the same semantics (whose lse the backward consumes)."""
+        return FwdKey(self.arch, self.dtype, self.head_dim, self.mask, self.softcap, self.alibi)
+
+    @property
+    def name(self) -> str:
+        return "bwd" + self.fwd.name[3:] + ("_det" if self.deterministic else "")
+
+
+@dataclass(frozen=True)
+class BwdConfig:
+    """Tiling of the portable backward kernel. Each of its three GEMM shapes splits over the warps its own way
+    (FA2's AtomLayoutMSdP / AtomLayoutNdKV / AtomLayoutMdQ)."""
+
+    block_m: int = 64  # query rows per inner-loop step
+    block_n: int = 128  # key rows per CTA (dK/dV accumulate in registers for these)
+    num_warps: int = 8
+    warps_m_sdp: int = 2  # warps along block_m for S = QK^T and dP = dO V^T (the rest split block_n)
+    warps_n_dkv: int = 4  # warps along block_n for dK and dV (the rest split the head dim)
+    warps_m_dq: int = 2  # warps along block_m for dQ (the rest split the head dim)
+    stages: int = 2  # Q/dO smem buffers: 2 loads the next query tile while this one computes
+
+    @property
+    def name(self) -> str:
+        return (
+            f"m{self.block_m}n{self.block_n}w{self.num_warps}"
+            f"a{self.warps_m_sdp}{self.warps_n_dkv}{self.warps_m_dq}s{self.stages}"
+        )
+
+    @property
+    def num_threads(self) -> int:
+        return 32 * self.num_warps
+
+
+BWD_CONFIG_SPACE = {
+    "block_m": (32, 64, 128),
+    "block_n": (64, 128),
+    "num_warps": (4, 8),
+    "warps_m_sdp": (1, 2, 4),
+    "warps_n_dkv": (1, 2, 4, 8),
+    "warps_m_dq": (1, 2, 4, 8),
+    "stages": (1, 2),
+}
+
+
+def bwd_head_dim_mma(key: BwdKey, cfg: BwdConfig) -> int:
+    """Head dim the MMAs compute: a multiple of 16 per warp that splits it in the dK/dV and dQ GEMMs (loads
+    zero-fill the padding; stores skip it)."""
+    step = 16 * max(cfg.num_warps // cfg.warps_n_dkv, cfg.num_warps // cfg.warps_m_dq)
+    return -(-key.head_dim // step) * step
+
+
+def bwd_smem_bytes(key: BwdKey, cfg: BwdConfig) -> int:
+    """Q and dO (stages buffers each), K and V, P and dS tiles, 2-byte elements."""
+    d = bwd_head_dim_mma(key, cfg)
+    return 2 * (2 * cfg.stages * cfg.block_m * d + 2 * cfg.block_n * d + 2 * cfg.block_m * cfg.block_n)
+
+
+def bwd_accum_regs(key: BwdKey, cfg: BwdConfig) -> int:
+    """fp32 accumulator registers per thread at the peak: dK and dV for the whole loop, plus S and dP or dQ,
+    whichever is larger, plus the tanh derivative under softcap (counted in full: with it on top ptxas spilled
+    at hd 256 where the S/dP/dQ count alone fitted)."""
+    d, t = bwd_head_dim_mma(key, cfg), cfg.num_threads
+    tile = cfg.block_m * cfg.block_n // t
+    return 2 * cfg.block_n * d // t + max(2 * tile, cfg.block_m * d // t) + (tile if key.softcap else 0)
+
+
+def bwd_infeasible_reason(key: BwdKey, cfg: BwdConfig) -> str | None:
+    """Why `cfg` cannot be compiled for `key` (None when it can)."""
+    w = cfg.num_warps
+    for name in ("warps_m_sdp", "warps_n_dkv", "warps_m_dq"):
+        if w % getattr(cfg, name):
+            return f"{name}={getattr(cfg, name)} does not divide num_warps={w}"
+    checks = (
+        ("block_m", cfg.block_m, 16 * cfg.warps_m_sdp, "16*warps_m_sdp"),
+        ("block_n", cfg.block_n, 16 * (w // cfg.warps_m_sdp), "16*(num_warps/warps_m_sdp)"),
+        ("block_n", cfg.block_n, 16 * cfg.warps_n_dkv, "16*warps_n_dkv"),
+        ("block_m", cfg.block_m, 16 * cfg.warps_m_dq, "16*warps_m_dq"),
+    )
+    for name, value, step, what in checks:
+        if value % step:
+            return f"{name}={value} is not a multiple of {what}={step}"
+    d = bwd_head_dim_mma(key, cfg)
+    atom_cols = 64 if d % 64 == 0 else (32 if d % 32 == 0 else 16)
+    rows_per_pass = cfg.num_threads // (atom_cols // 8)
+    for name, rows in (("block_m", cfg.block_m), ("block_n", cfg.block_n)):
+        if rows % rows_per_pass:
+            return f"{name}={rows} is not a multiple of the {rows_per_pass} rows one copy pass covers"
+    smem = bwd_smem_bytes(key, cfg)
+    if smem > MAX_SMEM_PER_BLOCK[key.arch]:
+        return f"shared memory {smem} B exceeds the {key.arch} limit of {MAX_SMEM_PER_BLOCK[key.arch]} B"
+    regs = bwd_accum_regs(key, cfg)
+    if regs > MAX_ACCUM_REGS:
+        return f"{regs} accumulator registers per thread exceed the budget of {MAX_ACCUM_REGS}"
+    return None
+
+
+# Starting points, FA2's Sm90 tilings first; default_bwd_config takes the feasible one that pads the head dim
+# least, then the earliest.
+_BWD_PREFS = (
+    BwdConfig(64, 128, 8, 2, 4, 2, 2),  # hd <= 128 (FA2's 128x128 at hd 64 spills here)
+    BwdConfig(64, 128, 8, 2, 4, 2, 1),
+    BwdConfig(64, 64, 8, 4, 2, 2, 2),  # hd <= 256
+    BwdConfig(64, 64, 8, 4, 2, 2, 1),
+    BwdConfig(64, 64, 4, 2, 4, 4, 1),  # no head-dim split: no padding beyond 16
+    BwdConfig(32, 64, 8, 2, 2, 2, 2),  # softcap at hd > 128
+)
+
+
+def default_bwd_config(key: BwdKey) -> BwdConfig:
+    feasible = [c for c in _BWD_PREFS if bwd_infeasible_reason(key, c) is None]
+    if not feasible:
+        raise AssertionError(f"no default backward config fits {key.name}")  # spec tests cover every key
+    return min(feasible, key=lambda c: bwd_head_dim_mma(key, c))
+
+
+def enumerate_bwd_keys(
+    archs: tuple[str, ...] = ARCHS,
+    dtypes: tuple[str, ...] = DTYPES,
+    head_dims: tuple[int, ...] = HEAD_DIMS,
+    masks: tuple[str, ...] = MASKS,
+    deterministic: tuple[bool, ...] = (False, True),
+) -> Iterator[BwdKey]:
+    """The backward key space: every forward key, in either dQ order."""
+    for fwd in enumerate_keys(archs, dtypes, head_dims, masks):
+        for det in deterministic:
+            yield BwdKey(**dataclasses.asdict(fwd), deterministic=det)
+
+
+def bwd_config_from_name(name: str) -> BwdConfig:
+    """Inverse of BwdConfig.name, e.g. "m64n128w8a242s2"."""
+    m = re.fullmatch(r"m(\d+)n(\d+)w(\d+)a(\d)(\d)(\d)s(\d+)", name)
+    if m is None:
+        raise ValueError(f"not a backward config name (like m64n128w8a242s2): {name!r}")
+    return BwdConfig(*(int(g) for g in m.groups()))

@@ -1,0 +1,335 @@
+// The portable backward kernel: FlashAttention-2's algorithm on mma.sync, ldmatrix and cp.async (Sm80 and
+// newer). One CTA owns a block_n-row tile of K and V for one (batch, KV head) and walks every query tile that
+// sees it, for every query head sharing that KV head (so MQA/GQA sum dK/dV in registers, without repeated K/V):
+//   S = Q K^T, P = exp2(S * scale_log2 - lse_log2)        (recomputed from the forward's lse, never stored)
+//   dP = dO V^T, dS = P * (dP - rowsum(dO * O))           (times 1 - tanh^2 under softcap)
+//   dV += P^T dO, dK += dS^T Q,  dQ_accum += dS K         (dQ in fp32 through atomics; converted afterwards)
+// P and dS go through shared memory because the dK/dV GEMMs read them transposed.
+// Deterministic kernels order the dQ additions of the CTAs that share a query tile with a per-tile semaphore,
+// so every run adds in the same order.
+#pragma once
+#include "flash_gen/attn_mask.cuh"
+#include "flash_gen/bwd_params.cuh"
+#include "flash_gen/sm80_utils.cuh"
+
+namespace flash_gen {
+
+template <class Element_, int kHeadDim_, int kHeadDimMma_, int kBlockM_, int kBlockN_, int kNWarps_,
+          int kWarpsMSdP_, int kWarpsNdKV_, int kWarpsMdQ_, int kStages_, Mask kMask_, bool kSoftcap_,
+          bool kAlibi_, bool kDeterministic_>
+struct BwdTraits {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;        // what loads and stores touch
+  static constexpr int kHeadDimMma = kHeadDimMma_;  // what the MMAs compute (zero-padded; flash_gen.spec decides)
+  static constexpr int kBlockM = kBlockM_;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kNWarps = kNWarps_;
+  static constexpr int kNThreads = kNWarps * 32;
+  static constexpr int kStages = kStages_;  // Q/dO smem buffers: 2 loads tile m+1 while tile m computes
+  static constexpr Mask kMask = kMask_;
+  static constexpr bool kSoftcap = kSoftcap_;
+  static constexpr bool kAlibi = kAlibi_;
+  static constexpr bool kDeterministic = kDeterministic_;
+
+  // Warps tile a GEMM's (M, N) as kWarpsM x (kNWarps / kWarpsM); N = 16 per warp step so one ldmatrix.x4
+  // feeds two n8 MMAs.
+  template <int kWarpsM>
+  using Mma = TiledMMA<Sm80MmaAtom<Element>, Layout<Shape<Int<kWarpsM>, Int<kNWarps / kWarpsM>, _1>>,
+                       Tile<Int<16 * kWarpsM>, Int<16 * (kNWarps / kWarpsM)>, _16>>;
+  using MmaSdP = Mma<kWarpsMSdP_>;  // S and dP: (block_m, block_n), k = head dim
+  using MmadKV = Mma<kWarpsNdKV_>;  // dK and dV: (block_n, head dim), k = block_m
+  using MmadQ = Mma<kWarpsMdQ_>;    // dQ: (block_m, head dim), k = block_n
+  static_assert(kBlockM % (16 * kWarpsMSdP_) == 0 && kBlockN % (16 * (kNWarps / kWarpsMSdP_)) == 0);
+  static_assert(kBlockN % (16 * kWarpsNdKV_) == 0 && kHeadDimMma % (16 * (kNWarps / kWarpsNdKV_)) == 0);
+  static_assert(kBlockM % (16 * kWarpsMdQ_) == 0 && kHeadDimMma % (16 * (kNWarps / kWarpsMdQ_)) == 0);
+
+  using Smem = SmemTile<kHeadDimMma>;
+  using SmemLayoutQ =  // Q and dO: (block_m, head dim, stage)
+      decltype(tile_to_shape(typename Smem::Atom{}, Shape<Int<kBlockM>, Int<kHeadDimMma>, Int<kStages>>{}));
+  using SmemLayoutKV = decltype(tile_to_shape(typename Smem::Atom{}, Shape<Int<kBlockN>, Int<kHeadDimMma>>{}));
+  using SmemLayoutP =  // P and dS: (block_m, block_n)
+      decltype(tile_to_shape(typename SmemTile<kBlockN>::Atom{}, Shape<Int<kBlockM>, Int<kBlockN>>{}));
+  // Transposed views (same bytes, permuted coordinates), read with ldmatrix.trans.
+  using SmemLayoutQt = decltype(composition(
+      SmemLayoutQ{}, make_layout(Shape<Int<kHeadDimMma>, Int<kBlockM>, Int<kStages>>{},
+                                 Stride<Int<kBlockM>, _1, Int<kBlockM * kHeadDimMma>>{})));
+  using SmemLayoutKt = decltype(composition(
+      SmemLayoutKV{}, make_layout(Shape<Int<kHeadDimMma>, Int<kBlockN>>{}, Stride<Int<kBlockN>, _1>{})));
+  using SmemLayoutPt = decltype(composition(
+      SmemLayoutP{}, make_layout(Shape<Int<kBlockN>, Int<kBlockM>>{}, Stride<Int<kBlockM>, _1>{})));
+  static constexpr int kSmemElems =
+      2 * kStages * kBlockM * kHeadDimMma + 2 * kBlockN * kHeadDimMma + 2 * kBlockM * kBlockN;
+  static constexpr int kSmemBytes = kSmemElems * int(sizeof(Element));
+
+  using GmemThreads = Layout<Shape<Int<kNThreads / Smem::kThreadsPerRow>, Int<Smem::kThreadsPerRow>>,
+                             Stride<Int<Smem::kThreadsPerRow>, _1>>;
+  using GmemLoad = decltype(make_tiled_copy(Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>, Element>{},
+                                            GmemThreads{}, Layout<Shape<_1, _8>>{}));
+  using GmemStore = decltype(make_tiled_copy(Copy_Atom<UniversalCopy<uint128_t>, Element>{}, GmemThreads{},
+                                             Layout<Shape<_1, _8>>{}));
+  using LdsmN = Copy_Atom<SM75_U32x4_LDSM_N, Element>;
+  using LdsmT = Copy_Atom<SM75_U16x8_LDSM_T, Element>;
+  using StoreC = Copy_Atom<AutoVectorizingCopyWithAssumedAlignment<32>, Element>;
+};
+
+__device__ __forceinline__ int ld_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+template <class T>
+__device__ __forceinline__ void bwd_kernel(BwdParams const& p) {
+  using Element = typename T::Element;
+  constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kD = T::kHeadDimMma;
+  constexpr bool kLeftBound = MaskBounds<T::kMask>::kLeft;
+  extern __shared__ __align__(128) char smem_buf[];
+
+  const int tidx = threadIdx.x;
+  const int n_block = blockIdx.x, head_k = blockIdx.y, batch = blockIdx.z;
+  const int group = p.nheads / p.nheads_k;
+  const int diag = p.seqlen_k - p.seqlen_q;  // bottom-right alignment of causal/local masks
+  const int col0 = n_block * kBlockN;
+
+  // Query tiles [m_min, m_max) holding a row that sees a key of this tile (query i sees key j iff
+  // i + diag - window_left <= j <= i + diag + window_right).
+  int m_min = 0, m_max = (p.seqlen_q + kBlockM - 1) / kBlockM;
+  if constexpr (MaskBounds<T::kMask>::kRight) m_min = max(0, col0 - diag - p.window_right) / kBlockM;
+  if constexpr (kLeftBound) {
+    const int last_row = col0 + kBlockN - 1 - diag + p.window_left;
+    m_max = last_row < 0 ? 0 : min(m_max, last_row / kBlockM + 1);
+  }
+
+  auto* k_ptr = static_cast<const Element*>(p.k) + batch * p.k_batch_stride + head_k * p.k_head_stride;
+  auto* v_ptr = static_cast<const Element*>(p.v) + batch * p.v_batch_stride + head_k * p.v_head_stride;
+  auto* dk_ptr = static_cast<Element*>(p.dk) + batch * p.dk_batch_stride + head_k * p.dk_head_stride;
+  auto* dv_ptr = static_cast<Element*>(p.dv) + batch * p.dv_batch_stride + head_k * p.dv_head_stride;
+  auto kv_tile = [&](auto* ptr, int64_t row_stride) {
+    return local_tile(make_tensor(make_gmem_ptr(ptr), make_shape(p.seqlen_k, Int<kD>{}), make_stride(row_stride, _1{})),
+                      Shape<Int<kBlockN>, Int<kD>>{}, make_coord(n_block, 0));
+  };
+  Tensor gK = kv_tile(k_ptr, p.k_row_stride);
+  Tensor gV = kv_tile(v_ptr, p.v_row_stride);
+  Tensor gdK = kv_tile(dk_ptr, p.dk_row_stride);
+  Tensor gdV = kv_tile(dv_ptr, p.dv_row_stride);
+
+  Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem_buf)), typename T::SmemLayoutQ{});
+  Tensor sdO = make_tensor(sQ.data() + size(sQ), typename T::SmemLayoutQ{});
+  Tensor sK = make_tensor(sdO.data() + size(sdO), typename T::SmemLayoutKV{});
+  Tensor sV = make_tensor(sK.data() + size(sK), typename T::SmemLayoutKV{});
+  Tensor sP = make_tensor(sV.data() + size(sV), typename T::SmemLayoutP{});
+  Tensor sdS = make_tensor(sP.data() + size(sP), typename T::SmemLayoutP{});
+  Tensor sQt = make_tensor(sQ.data(), typename T::SmemLayoutQt{});
+  Tensor sdOt = make_tensor(sdO.data(), typename T::SmemLayoutQt{});
+  Tensor sKt = make_tensor(sK.data(), typename T::SmemLayoutKt{});
+  Tensor sPt = make_tensor(sP.data(), typename T::SmemLayoutPt{});
+  Tensor sdSt = make_tensor(sdS.data(), typename T::SmemLayoutPt{});
+
+  Tensor cQ = make_identity_tensor(Shape<Int<kBlockM>, Int<kD>>{});
+  Tensor cKV = make_identity_tensor(Shape<Int<kBlockN>, Int<kD>>{});
+
+  typename T::GmemLoad load;
+  auto load_thr = load.get_thread_slice(tidx);
+  Tensor tQsQ = load_thr.partition_D(sQ);  // (CPY, CPY_M, CPY_K, stage)
+  Tensor tdOsdO = load_thr.partition_D(sdO);
+  Tensor tQcQ = load_thr.partition_D(cQ);
+  Tensor tKVcKV = load_thr.partition_D(cKV);
+  copy_zfill(load, load_thr.partition_S(gK), load_thr.partition_D(sK), tKVcKV, p.seqlen_k - col0, T::kHeadDim);
+  copy_zfill(load, load_thr.partition_S(gV), load_thr.partition_D(sV), tKVcKV, p.seqlen_k - col0, T::kHeadDim);
+  cp_async_fence();
+
+  // S and dP: A = Q / dO, B = K / V, both k-major.
+  typename T::MmaSdP mma_sdp;
+  auto thr_sdp = mma_sdp.get_thread_slice(tidx);
+  Tensor tSrQ = thr_sdp.partition_fragment_A(sQ(_, _, 0));
+  Tensor tSrK = thr_sdp.partition_fragment_B(sK);
+  Tensor tdPrdO = thr_sdp.partition_fragment_A(sdO(_, _, 0));
+  Tensor tdPrV = thr_sdp.partition_fragment_B(sV);
+  auto copy_sdp_a = make_tiled_copy_A(typename T::LdsmN{}, mma_sdp);
+  auto copy_sdp_b = make_tiled_copy_B(typename T::LdsmN{}, mma_sdp);
+  Tensor tSsQ = copy_sdp_a.get_thread_slice(tidx).partition_S(sQ);  // (CPY, CPY_M, CPY_K, stage)
+  Tensor tdPsdO = copy_sdp_a.get_thread_slice(tidx).partition_S(sdO);
+  Tensor tSsK = copy_sdp_b.get_thread_slice(tidx).partition_S(sK);
+  Tensor tdPsV = copy_sdp_b.get_thread_slice(tidx).partition_S(sV);
+
+  // dV and dK: A = P^T / dS^T, B = dO^T / Q^T, all read transposed.
+  typename T::MmadKV mma_dkv;
+  auto thr_dkv = mma_dkv.get_thread_slice(tidx);
+  Tensor tdVrPt = thr_dkv.partition_fragment_A(sPt);
+  Tensor tdVrdOt = thr_dkv.partition_fragment_B(sdOt(_, _, 0));
+  Tensor tdKrdSt = thr_dkv.partition_fragment_A(sdSt);
+  Tensor tdKrQt = thr_dkv.partition_fragment_B(sQt(_, _, 0));
+  auto copy_dkv_a = make_tiled_copy_A(typename T::LdsmT{}, mma_dkv);
+  auto copy_dkv_b = make_tiled_copy_B(typename T::LdsmT{}, mma_dkv);
+  Tensor tdVsPt = copy_dkv_a.get_thread_slice(tidx).partition_S(sPt);
+  Tensor tdKsdSt = copy_dkv_a.get_thread_slice(tidx).partition_S(sdSt);
+  Tensor tdVsdOt = copy_dkv_b.get_thread_slice(tidx).partition_S(sdOt);  // (CPY, CPY_N, CPY_K, stage)
+  Tensor tdKsQt = copy_dkv_b.get_thread_slice(tidx).partition_S(sQt);
+  Tensor acc_dk = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kD>>{});
+  Tensor acc_dv = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kD>>{});
+  clear(acc_dk);
+  clear(acc_dv);
+
+  // dQ: A = dS (k-major), B = K^T (read transposed).
+  typename T::MmadQ mma_dq;
+  auto thr_dq = mma_dq.get_thread_slice(tidx);
+  Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);
+  Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);
+  auto copy_dq_a = make_tiled_copy_A(typename T::LdsmN{}, mma_dq);
+  auto copy_dq_b = make_tiled_copy_B(typename T::LdsmT{}, mma_dq);
+  Tensor tdQsdS = copy_dq_a.get_thread_slice(tidx).partition_S(sdS);
+  Tensor tdQsKt = copy_dq_b.get_thread_slice(tidx).partition_S(sKt);
+
+  // P and dS leave registers for smem through the S accumulator's layout.
+  auto copy_p = make_tiled_copy_C(typename T::StoreC{}, mma_sdp);
+  auto thr_copy_p = copy_p.get_thread_slice(tidx);
+  Tensor tPsP = thr_copy_p.partition_D(sP);
+  Tensor tPsdS = thr_copy_p.partition_D(sdS);
+
+  Tensor tScS = thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
+  Tensor tScS_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
+  constexpr int kRows = decltype(size<0>(tScS_rc))::value;  // accumulator rows this thread holds
+
+  for (int g = 0; g < group; ++g) {
+    const int head = head_k * group + g;
+    const int64_t bh = int64_t(batch) * p.nheads + head;
+    auto q_tiles = [&](const void* ptr, int64_t batch_stride, int64_t row_stride, int64_t head_stride) {
+      auto* base = static_cast<const Element*>(ptr) + batch * batch_stride + head * head_stride;
+      return local_tile(make_tensor(make_gmem_ptr(base), make_shape(p.seqlen_q, Int<kD>{}), make_stride(row_stride, _1{})),
+                        Shape<Int<kBlockM>, Int<kD>>{}, make_coord(_, 0));  // (BM, D, m)
+    };
+    Tensor tQgQ = load_thr.partition_S(q_tiles(p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride));
+    Tensor tdOgdO = load_thr.partition_S(q_tiles(p.dout, p.do_batch_stride, p.do_row_stride, p.do_head_stride));
+    const float* lse_ptr = p.lse_log2 + bh * p.seqlen_q_rounded;
+    const float* dsum_ptr = p.dsum + bh * p.seqlen_q_rounded;
+    float* dq_acc_ptr = p.dq_accum + bh * p.seqlen_q_rounded * kD;
+    float slope = 0.f;
+    if constexpr (T::kAlibi) slope = p.alibi_slopes[batch * p.alibi_batch_stride + head] * p.alibi_scale;
+
+    auto load_q_do = [&](int m, int stage) {
+      const int rows = p.seqlen_q - m * kBlockM;
+      copy_zfill(load, tQgQ(_, _, _, m), tQsQ(_, _, _, stage), tQcQ, rows, T::kHeadDim);
+      copy_zfill(load, tdOgdO(_, _, _, m), tdOsdO(_, _, _, stage), tQcQ, rows, T::kHeadDim);
+    };
+    CUTE_UNROLL
+    for (int s = 0; s < T::kStages - 1; ++s) {
+      if (m_min + s < m_max) load_q_do(m_min + s, s);
+      cp_async_fence();  // always commit, so the wait counts below are uniform
+    }
+
+    for (int m = m_min, it = 0; m < m_max; ++m, ++it) {
+      const int stage = T::kStages == 1 ? 0 : it % T::kStages;
+      // The stage refilled here was last read in the previous step, which ended with a barrier.
+      if (m + T::kStages - 1 < m_max) load_q_do(m + T::kStages - 1, (it + T::kStages - 1) % T::kStages);
+      cp_async_fence();
+      cp_async_wait<T::kStages - 1>();
+      __syncthreads();
+
+      const int row0 = m * kBlockM;
+      float lse_log2[kRows], dsum[kRows];
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        const int row = row0 + get<0>(tScS_rc(r, 0));  // < seqlen_q_rounded: the buffers are padded
+        lse_log2[r] = lse_ptr[row];
+        dsum[r] = dsum_ptr[row];
+      }
+
+      Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
+      clear(acc_s);
+      gemm_smem<false>(acc_s, tSrQ, tSrK, tSsQ(_, _, _, stage), tSsK, mma_sdp, copy_sdp_a, copy_sdp_b, tidx);
+      Tensor s = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));
+      Tensor dtanh = make_fragment_like(s);  // 1 - tanh^2 of the capped scores (softcap only)
+      if constexpr (T::kSoftcap) {
+        CUTE_UNROLL
+        for (int i = 0; i < size(s); ++i) {
+          const float t = tanhf(s(i) * p.score_scale);
+          s(i) = t;
+          dtanh(i) = 1.f - t * t;
+        }
+      }
+      if constexpr (T::kAlibi) add_alibi(s, tScS_rc, row0, col0, diag, slope);
+      if (tile_is_cut<T::kMask>(row0, kBlockM, col0, kBlockN, p.seqlen_k, diag, p.window_left, p.window_right)) {
+        mask_tile<T::kMask>(s, tScS_rc, row0, col0, p.seqlen_k, diag, p.window_left, p.window_right);
+      }
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(s); ++c) s(r, c) = fast_exp2(s(r, c) * p.scale_log2 - lse_log2[r]);
+      }
+      Tensor p_frag = convert_to<Element>(acc_s);
+      copy(copy_p, thr_copy_p.retile_S(p_frag), tPsP);
+
+      Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
+      clear(acc_dp);
+      gemm_smem<false>(acc_dp, tdPrdO, tdPrV, tdPsdO(_, _, _, stage), tdPsV, mma_sdp, copy_sdp_a, copy_sdp_b, tidx);
+      Tensor ds = make_tensor(acc_dp.data(), acc_rowcol(acc_dp.layout()));
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(ds); ++c) {
+          ds(r, c) = s(r, c) * (ds(r, c) - dsum[r]);
+          if constexpr (T::kSoftcap) ds(r, c) *= dtanh(r, c);
+        }
+      }
+      Tensor ds_frag = convert_to<Element>(acc_dp);
+      copy(copy_p, thr_copy_p.retile_S(ds_frag), tPsdS);
+      __syncthreads();  // P and dS visible to every warp
+
+      Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kD>>{});
+      clear(acc_dq);
+      gemm_smem<false>(acc_dq, tdQrdS, tdQrKt, tdQsdS, tdQsKt, mma_dq, copy_dq_a, copy_dq_b, tidx);
+      Tensor tdQgdQ = thr_dq.partition_C(make_tensor(make_gmem_ptr(dq_acc_ptr + int64_t(row0) * kD),
+                                                     Shape<Int<kBlockM>, Int<kD>>{}, Stride<Int<kD>, _1>{}));
+      int* semaphore = nullptr;
+      if constexpr (T::kDeterministic) {
+        // The CTAs adding into this query tile take turns in key-tile order, starting at the first key tile
+        // whose CTA visits it.
+        semaphore = p.dq_semaphore + bh * p.num_m_blocks + m;
+        const int first = kLeftBound ? max(0, row0 + diag - p.window_left) / kBlockN : 0;
+        if (tidx == 0) {
+          while (ld_acquire(semaphore) != n_block - first) {
+          }
+        }
+        __syncthreads();
+      }
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_dq); ++i) atomicAdd(&tdQgdQ(i), acc_dq(i));
+      if constexpr (T::kDeterministic) {
+        __syncthreads();  // every thread's additions are issued before the turn passes on
+        if (tidx == 0) {
+          __threadfence();
+          atomicAdd(semaphore, 1);
+        }
+      }
+
+      gemm_smem<false>(acc_dv, tdVrPt, tdVrdOt, tdVsPt, tdVsdOt(_, _, _, stage), mma_dkv, copy_dkv_a, copy_dkv_b,
+                       tidx);
+      gemm_smem<false>(acc_dk, tdKrdSt, tdKrQt, tdKsdSt, tdKsQt(_, _, _, stage), mma_dkv, copy_dkv_a, copy_dkv_b,
+                       tidx);
+      __syncthreads();  // every warp is done with P, dS and this Q/dO stage before they are overwritten
+    }
+  }
+
+  // Epilogue: scale dK, stage dK and dV through the K/V buffers and store them with 16-byte vectors.
+  cp_async_wait<0>();
+  __syncthreads();  // no copy into smem in flight (a CTA that visited no query tile still loaded K/V)
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= p.softmax_scale;
+  auto copy_dkv_c = make_tiled_copy_C(typename T::StoreC{}, mma_dkv);
+  auto thr_copy_dkv = copy_dkv_c.get_thread_slice(tidx);
+  Tensor dk_frag = convert_to<Element>(acc_dk);
+  Tensor dv_frag = convert_to<Element>(acc_dv);
+  copy(copy_dkv_c, thr_copy_dkv.retile_S(dk_frag), thr_copy_dkv.partition_D(sK));
+  copy(copy_dkv_c, thr_copy_dkv.retile_S(dv_frag), thr_copy_dkv.partition_D(sV));
+  __syncthreads();
+
+  typename T::GmemStore store;
+  auto store_thr = store.get_thread_slice(tidx);
+  Tensor tKVcKV_st = store_thr.partition_D(cKV);
+  copy_predicated(store, store_thr.partition_S(sK), store_thr.partition_D(gdK), tKVcKV_st, p.seqlen_k - col0,
+                  T::kHeadDim);
+  copy_predicated(store, store_thr.partition_S(sV), store_thr.partition_D(gdV), tKVcKV_st, p.seqlen_k - col0,
+                  T::kHeadDim);
+}
+
+}  // namespace flash_gen

@@ -1,0 +1,99 @@
+"""CPU tests of the custom ops: the fake (meta) kernels give every signature's shapes and dtypes, autograd is
+registered, and the public functions reject bad plain arguments by name before any op runs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flash_gen import api, ops
+
+B, SQ, SK, H, HK, D = 2, 100, 37, 6, 2, 72
+ATTN = (None, True, -1, -1, 0.0, None, False)  # softmax_scale, causal, window, softcap, alibi, deterministic
+
+
+def meta(*shape):
+    return torch.empty(*shape, device="meta", dtype=torch.bfloat16)
+
+
+def test_fake_forward_shapes():
+    q, k, v = meta(B, SQ, H, D), meta(B, SK, HK, D), meta(B, SK, HK, D)
+    for out, lse in (ops.fwd(q, k, v, *ATTN), ops.fwd_kvpacked(q, meta(B, SK, 2, HK, D), *ATTN),
+                     ops.fwd_qkvpacked(meta(B, SQ, 3, H, D), *ATTN)):
+        assert out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous()
+        assert lse.shape == (B, H, SQ) and lse.dtype == torch.float32
+
+
+def test_fake_backward_shapes():
+    q, k, v, out, lse = meta(B, SQ, H, D), meta(B, SK, HK, D), meta(B, SK, HK, D), meta(B, SQ, H, D), None
+    lse = torch.empty(B, H, SQ, device="meta")
+    dq, dk, dv = ops.bwd(out, q, k, v, out, lse, *ATTN)
+    assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
+    kv = meta(B, SK, 2, HK, D)
+    dq, dkv = ops.bwd_kvpacked(out, q, kv, out, lse, *ATTN)
+    assert (dq.shape, dkv.shape) == (q.shape, kv.shape)
+    qkv = meta(B, SQ, 3, H, D)
+    assert ops.bwd_qkvpacked(out, qkv, out, lse, *ATTN).shape == qkv.shape
+
+
+def test_meta_autograd_reaches_the_backward_op():
+    q, k, v = (t.requires_grad_() for t in (meta(B, SQ, H, D), meta(B, SK, HK, D), meta(B, SK, HK, D)))
+    out = api.flash_attn_func(q, k, v, causal=True)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), torch.empty_like(out))
+    assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
+    qkv = meta(B, SQ, 3, H, D).requires_grad_()
+    (dqkv,) = torch.autograd.grad(api.flash_attn_qkvpacked_func(qkv), (qkv,), torch.empty_like(out))
+    assert dqkv.shape == qkv.shape
+
+
+@pytest.mark.parametrize(
+    "kwargs,exc,name",
+    [
+        (dict(dropout_p=0.1), NotImplementedError, "dropout_p"),
+        (dict(causal=1), TypeError, "causal"),
+        (dict(deterministic="yes"), TypeError, "deterministic"),
+        (dict(window_size=(1.5, 2)), TypeError, "window_size"),
+        (dict(softmax_scale=-1.0), ValueError, "softmax_scale"),
+        (dict(softcap=float("nan")), ValueError, "softcap"),
+        (dict(return_attn_probs=True), NotImplementedError, "return_attn_probs"),
+    ],
+)
+def test_public_functions_name_bad_arguments(kwargs, exc, name):
+    q = torch.randn(B, SQ, H, 64, dtype=torch.bfloat16)
+    for call in (lambda: api.flash_attn_func(q, q, q, **kwargs),
+                 lambda: api.flash_attn_kvpacked_func(q, torch.stack([q, q], 2), **kwargs),
+                 lambda: api.flash_attn_qkvpacked_func(torch.stack([q, q, q], 2), **kwargs)):
+        with pytest.raises(exc, match=f"^{name}"):
+            call()
+
+
+def test_packed_tensors_are_checked_by_name():
+    q = torch.randn(B, SQ, H, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="^qkv"):
+        api.flash_attn_qkvpacked_func(torch.stack([q, q], 2))
+    with pytest.raises(ValueError, match="^kv"):
+        api.flash_attn_kvpacked_func(q, q)
+
+
+def test_cpu_tensors_are_rejected_before_launch():
+    q = torch.randn(B, SQ, H, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="^q: flash_gen needs CUDA tensors"):
+        api.flash_attn_func(q, q, q)
+
+
+def test_backward_inputs_are_checked_by_name():
+    from flash_gen.validate import check_bwd
+
+    q = torch.randn(B, SQ, H, 64, dtype=torch.bfloat16)
+    lse = torch.zeros(B, H, SQ)
+    with pytest.raises(TypeError, match="^dout"):
+        check_bwd(q.half(), q, q, lse, False)
+    with pytest.raises(ValueError, match="^dout"):
+        check_bwd(q[:, :10], q, q, lse, False)
+    with pytest.raises(ValueError, match="^softmax_lse"):
+        check_bwd(q, q, q, lse[:, :1], False)
+    with pytest.raises(TypeError, match="^deterministic"):
+        check_bwd(q, q, q, lse, 1)
+    expanded = torch.ones((), dtype=torch.bfloat16).expand(q.shape)  # the gradient of out.sum()
+    fixed = check_bwd(expanded, q, q, lse, False)
+    assert fixed.stride(-1) == 1 and torch.equal(fixed, expanded)
