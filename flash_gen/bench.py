@@ -1,4 +1,5 @@
-"""Forward benchmark: flash_gen against PyTorch SDPA's FlashAttention-2 and cuDNN backends, in one run.
+"""Attention benchmark (forward, or forward+backward through autograd): flash_gen against PyTorch SDPA's
+FlashAttention-2 and cuDNN backends, in one run.
 
 Owns the benchmark shapes (the shared/ANCHORS.md convention: batch = total_tokens / seqlen, nheads =
 model_dim / hdim, seqlen_q = seqlen_k), the timing, the TFLOP/s table and the JSON record. GPU only.
@@ -32,6 +33,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 PEERS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
 LABELS = {"flash_gen": "flash_gen", "flash": "FA2", "cudnn": "cuDNN"}  # both peers run through torch SDPA
 CAUSAL = {"both": (False, True), "no": (False,), "yes": (True,)}
+FLOP_FACTOR = {"fwd": 1.0, "fwd+bwd": 3.5}  # the backward pass counts as 2.5 forwards
 WARMUP_MS, REP_MS = 25, 100  # triton.testing.do_bench's defaults
 FALLBACK_L2_BYTES = 60 * 2**20  # H200; used when the device does not report its L2 size
 
@@ -44,12 +46,13 @@ class Shape:
     batch: int
     nheads: int
     dtype: str
+    direction: str = "fwd"
 
     @property
     def flops(self) -> float:
-        """Two matmuls of 2*S*S*D flops per head; causal skips half of them."""
+        """Forward: two matmuls of 2*S*S*D flops per head, causal skips half of them; backward: 2.5x that."""
         full = 4 * self.batch * self.nheads * self.seqlen * self.seqlen * self.hdim
-        return full / 2 if self.causal else full
+        return (full / 2 if self.causal else full) * FLOP_FACTOR[self.direction]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,6 +60,9 @@ def run(args: argparse.Namespace) -> int:
     unknown = sorted(set(args.peers) - set(PEERS))
     if unknown:
         print(f"--peers: unknown {unknown}; choose from {list(PEERS)}", file=sys.stderr)
+        return 2
+    if args.configs and args.direction != "fwd":
+        print("--configs forces forward tilings: use it with --direction fwd", file=sys.stderr)
         return 2
     if not torch.cuda.is_available():
         print("flash-gen bench needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
@@ -76,10 +82,11 @@ def run(args: argparse.Namespace) -> int:
             batch=max(1, args.total_tokens // seqlen),
             nheads=max(1, args.model_dim // hdim),
             dtype=args.dtype,
+            direction=args.direction,
         )
         results.append(_bench_shape(shape, impls, timer, args.repeats, l2_bytes or FALLBACK_L2_BYTES))
         _print_row(results[-1])
-    _print_table(results, list(impls))
+    _print_table(results, list(impls), args.direction)
     record = {
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
@@ -114,14 +121,25 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> to
     return out.transpose(1, 2)
 
 
-def _input_sets(shape: Shape, l2_bytes: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """Enough independent (q, k, v) sets that cycling through them streams at least twice the L2 size, so a
-    timing never measures inputs the previous call left in cache."""
+def _input_sets(shape: Shape, l2_bytes: int) -> list[tuple[torch.Tensor, ...]]:
+    """Enough independent (q, k, v[, dout]) sets that cycling through them streams at least twice the L2 size, so
+    a timing never measures inputs the previous call left in cache. With a backward pass q, k, v require grad."""
     dims = (shape.batch, shape.seqlen, shape.nheads, shape.hdim)
-    set_bytes = 3 * math.prod(dims) * DTYPES[shape.dtype].itemsize
+    grads = shape.direction != "fwd"
+    set_bytes = (4 if grads else 3) * math.prod(dims) * DTYPES[shape.dtype].itemsize
     count = max(2, math.ceil(2 * l2_bytes / set_bytes))
     make = functools.partial(torch.randn, *dims, dtype=DTYPES[shape.dtype], device="cuda")
-    return [(make(), make(), make()) for _ in range(count)]
+    if not grads:
+        return [(make(), make(), make()) for _ in range(count)]
+    return [(make().requires_grad_(), make().requires_grad_(), make().requires_grad_(), make()) for _ in range(count)]
+
+
+def _call(impl: Callable, shape: Shape, inputs: tuple[torch.Tensor, ...]) -> object:
+    """One timed step: the forward, or the forward and the backward of its output against dout."""
+    out = impl(*inputs[:3], shape.causal)
+    if shape.direction == "fwd":
+        return out
+    return torch.autograd.grad(out, inputs[:3], inputs[3])
 
 
 def _bench_shape(shape: Shape, impls: dict, timer: Callable, repeats: int, l2_bytes: int) -> dict:
@@ -134,7 +152,7 @@ def _bench_shape(shape: Shape, impls: dict, timer: Callable, repeats: int, l2_by
             if name in errors:
                 continue
             rotation = itertools.cycle(sets)
-            fn = lambda: impl(*next(rotation), shape.causal)  # noqa: E731
+            fn = lambda: _call(impl, shape, next(rotation))  # noqa: E731
             try:
                 with backend():
                     fn()  # first call: JIT compile / kernel selection stays out of the timing
@@ -157,7 +175,8 @@ def _bench_shape(shape: Shape, impls: dict, timer: Callable, repeats: int, l2_by
 def _max_abs_diff(qkv: tuple[torch.Tensor, ...], causal: bool) -> float | None:
     """flash_gen against SDPA's default backend on one input set: a cheap sanity check, not the test-suite."""
     try:
-        diff = _flash_gen(*qkv, causal).float() - _sdpa(*qkv, causal).float()
+        with torch.no_grad():
+            diff = _flash_gen(*qkv[:3], causal).float() - _sdpa(*qkv[:3], causal).float()
         return diff.abs().max().item()
     except Exception:  # flash_gen's own failure is already reported with its timing
         return None
@@ -212,12 +231,13 @@ def _print_row(row: dict) -> None:
         print(f"  {name} n/a: {err}", flush=True)
 
 
-def _print_table(results: list[dict], impls: list[str]) -> None:
+def _print_table(results: list[dict], impls: list[str], direction: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
     peers = [name for name in impls if name in PEERS]
-    table = Table(title=f"Forward TFLOP/s on {torch.cuda.get_device_name()} (FA2, cuDNN: torch SDPA backends)")
+    title = "Forward" if direction == "fwd" else "Forward+backward"
+    table = Table(title=f"{title} TFLOP/s on {torch.cuda.get_device_name()} (FA2, cuDNN: torch SDPA backends)")
     for col in ("hdim", "causal", "seqlen", *(LABELS.get(n, n) for n in impls), *(f"fg/{LABELS[p]}" for p in peers)):
         table.add_column(col, justify="right")
     table.add_column("max|Δ| vs SDPA", justify="right")

@@ -202,14 +202,16 @@ def _add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hdim", type=ints, default=(64, 128, 256), help="head dims (comma list)")
     parser.add_argument("--seqlen", type=ints, default=(1024, 2048, 4096, 8192, 16384), help="comma list")
     parser.add_argument("--causal", choices=("both", "no", "yes"), default="both")
+    parser.add_argument("--direction", choices=("fwd", "fwd+bwd"), default="fwd",
+                        help="time the forward, or forward + backward through autograd (FLOPs: 3.5x forward)")
     parser.add_argument("--dtype", choices=spec.DTYPES, default="bf16")
     parser.add_argument("--total-tokens", type=int, default=32768, help="batch = total_tokens / seqlen")
     parser.add_argument("--model-dim", type=int, default=2048, help="nheads = model_dim / hdim")
     parser.add_argument("--peers", type=names, default=("flash", "cudnn"),
                         help="SDPA backends to compare with (comma list of flash, cudnn)")
     parser.add_argument("--configs", type=names, default=(),
-                        help="also time flash_gen forced to these tilings (FwdConfig names, e.g. m128n64w4s2), "
-                        "as fg:NAME columns")
+                        help="also time flash_gen's forward forced to these tilings (FwdConfig names, e.g. "
+                        "m128n64w4s2), as fg:NAME columns")
     parser.add_argument("--json", default="bench_fwd.json", help="write every number here (default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=3, help="timings per cell, interleaved; the median is kept")
 
@@ -240,7 +242,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1, help="parallel compiles (default: cores)")
     p.set_defaults(func=_cmd_compile)
 
-    p = sub.add_parser("bench", help="forward TFLOP/s against SDPA's FA2 and cuDNN backends (GPU)")
+    p = sub.add_parser("bench", help="forward or fwd+bwd TFLOP/s against SDPA's FA2 and cuDNN backends (GPU)")
     _add_bench_arguments(p)
     p.set_defaults(func=_cmd_bench)
 

@@ -4,7 +4,9 @@
 # benchmark against SDPA's FLASH and CUDNN backends. Full logs land in $OUT; the tables print last.
 # A carried .kernels/ (scripts/prebuild_gpu_test_kernels.py, run on a CPU machine) serves as the kernel cache,
 # so the device compiles only what it lacks.
-#   usage: scripts/device_check.sh [pytest args...]      (env: JOBS, BENCH_ARGS, SKIP_TESTS, SKIP_BENCH)
+#   usage: scripts/device_check.sh [pytest args...]
+#   env: TESTS (default tests/), JOBS, TEST_TIMEOUT, SKIP_TESTS, SKIP_BENCH, BENCH_ARGS (default: the forward
+#   table), BENCH2_ARGS (a second bench run, e.g. "--direction fwd+bwd ...")
 set -uo pipefail
 OUT=${OUT:-$PWD/.out}
 mkdir -p "$OUT"
@@ -21,13 +23,16 @@ fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/device.txt"
 rc=0
 if [ -z "${SKIP_TESTS:-}" ]; then
-  timeout "${TEST_TIMEOUT:-420}" python3 -m pytest -m gpu -q -n "${JOBS:-16}" -p no:cacheprovider "$@" tests/ \
+  timeout "${TEST_TIMEOUT:-420}" python3 -m pytest -m gpu -q -n "${JOBS:-16}" -p no:cacheprovider "$@" ${TESTS:-tests/} \
     >"$OUT/pytest.log" 2>&1 || rc=$?
   grep -E "passed|failed|error" "$OUT/pytest.log" | tail -n 40
 fi
 if [ -z "${SKIP_BENCH:-}" ]; then
   python3 -m flash_gen.cli bench ${BENCH_ARGS:---hdim 64,128,256 --seqlen 1024,2048,4096,8192,16384 --causal both} \
     --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | tail -n 45
+  if [ -n "${BENCH2_ARGS:-}" ]; then
+    python3 -m flash_gen.cli bench $BENCH2_ARGS --json "$OUT/bench2.json" 2>&1 | tee "$OUT/bench2.log" | tail -n 45
+  fi
 fi
 # ptxas report of every kernel compiled in this call (registers, spills), from the cache's metadata.
 python3 - "$FLASH_GEN_CACHE_DIR" <<'PY' | tee "$OUT/ptxas.txt" | tail -n 30
