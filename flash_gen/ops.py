@@ -182,8 +182,11 @@ def _register_autograd(fwd_op, bwd_op, n_inputs: int) -> None:
         attn[_ALIBI] = None  # tensors travel through save_for_backward only
         ctx.attn = attn
         ctx.mark_non_differentiable(output[1])  # softmax_lse
+        ctx.set_materialize_grads(False)  # else autograd fills a zero gradient for lse: an extra kernel
 
     def backward(ctx, dout, _dlse):
+        if dout is None:  # the output did not reach the loss
+            return (None,) * (n_inputs + _N_ATTN)
         *inputs, out, lse, alibi_slopes = ctx.saved_tensors
         attn = list(ctx.attn)
         attn[_ALIBI] = alibi_slopes
