@@ -4,6 +4,7 @@
 // softmax with the scale folded into one FMA; masking costs only the tiles that a mask or a sequence end cuts.
 #pragma once
 #include "flash_gen/fwd_params.cuh"
+#include "flash_gen/sm80_ldsm.cuh"
 #include "flash_gen/sm80_utils.cuh"
 
 namespace flash_gen {
@@ -152,12 +153,18 @@ __device__ __forceinline__ void fwd_kernel(FwdParams const& p) {
   Tensor tOrVt = thr_mma.partition_fragment_B(sVt(_, _, 0));      // (MMA, MMA_D, MMA_K)
   Tensor acc_o = partition_fragment_C(mma, Shape<Int<kBlockM>, Int<kD>>{});
 
-  auto copy_q = make_tiled_copy_A(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, mma);
-  auto copy_k = make_tiled_copy_B(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, mma);
-  auto copy_vt = make_tiled_copy_B(Copy_Atom<SM75_U16x8_LDSM_T, Element>{}, mma);
-  Tensor tSsQ = copy_q.get_thread_slice(tidx).partition_S(sQ);
-  Tensor tSsK = copy_k.get_thread_slice(tidx).partition_S(sK);     // (CPY, CPY_N, CPY_K, stage)
-  Tensor tOsVt = copy_vt.get_thread_slice(tidx).partition_S(sVt);  // (CPY, CPY_D, CPY_K, stage)
+  // ldmatrix addresses (sm80_ldsm.cuh): one per-lane offset shared by Q, K and V plus warp-uniform tile bases
+  // (the shuffle makes the warp index visibly uniform, so ptxas can keep those in uniform registers).
+  using LdsmQ = LdsmTile<kD, kBlockM>;
+  using LdsmKV = LdsmTile<kD, kBlockN>;
+  static_assert(LdsmQ::kRowBytes == LdsmKV::kRowBytes);
+  constexpr int kStageBytes = kBlockN * kD * int(sizeof(Element));
+  const uint32_t lane_off = LdsmKV::lane_offset(tidx);
+  const int warp = __shfl_sync(0xffffffff, tidx / 32, 0);
+  const uint32_t q_base = cast_smem_ptr_to_uint(raw_pointer_cast(sQ.data())) + warp * 16 * LdsmQ::kRowBytes;
+  const uint32_t k_base0 = cast_smem_ptr_to_uint(raw_pointer_cast(sK.data()));
+  const uint32_t v_base0 = cast_smem_ptr_to_uint(raw_pointer_cast(sV.data()));
+  auto load_q = [&](int i) { LdsmQ::template load_a<16 * T::kNWarps>(tSrQ, q_base, lane_off, i); };
 
   // (row, col) of each accumulator element, as (rows, cols) views matching acc_rowcol.
   Tensor tScS = thr_mma.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
@@ -184,7 +191,8 @@ __device__ __forceinline__ void fwd_kernel(FwdParams const& p) {
   if constexpr (T::kQInRegs) {
     cp_async_wait<0>();
     __syncthreads();
-    copy(copy_q, tSsQ, copy_q.get_thread_slice(tidx).retile_D(tSrQ));
+    CUTE_UNROLL
+    for (int i = 0; i < size<2>(tSrQ); ++i) load_q(i);
   }
 
   clear(acc_o);
@@ -219,16 +227,13 @@ __device__ __forceinline__ void fwd_kernel(FwdParams const& p) {
 
     Tensor acc_s = partition_fragment_C(mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
     clear(acc_s);
-    gemm_smem<T::kQInRegs>(acc_s, tSrQ, tSrK, tSsQ, tSsK(_, _, _, stage), mma, copy_q, copy_k, tidx);
-
-    if constexpr (T::kStages == 1) {
-      cp_async_wait<0>();
-      __syncthreads();  // V[n] visible to all; every warp is done reading K[n]
-      if (n > n_min) {
-        load_k(n - 1, 0);
-        cp_async_fence();
-      }
-    }
+    const uint32_t k_base = k_base0 + stage * kStageBytes;
+    gemm_pipelined(
+        acc_s, tSrQ, tSrK, mma,
+        [&](int i) {
+          if constexpr (!T::kQInRegs) load_q(i);
+        },
+        [&](int i, int n) { LdsmKV::load_b(tSrK, k_base, lane_off, i, n); });
 
     Tensor s = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));
     if constexpr (T::kSoftcap) {
@@ -296,7 +301,20 @@ __device__ __forceinline__ void fwd_kernel(FwdParams const& p) {
 
     Tensor p_frag = convert_to<Element>(acc_s);
     Tensor tOrP = make_tensor(p_frag.data(), acc_as_a_operand(p_frag.layout()));
-    gemm_reg_smem(acc_o, tOrP, tOrVt, tOsVt(_, _, _, stage), mma, copy_vt, tidx);
+    if constexpr (T::kStages == 1) {
+      // Here rather than right after Q@K^T: ptxas cannot move ldmatrix above the barrier, so the V fragments
+      // are not prefetched into the softmax, where they would stay live next to the whole score tile (the
+      // 128x64 hdim-128 tile spilled without this).
+      cp_async_wait<0>();
+      __syncthreads();  // V[n] visible to all; every warp is done reading K[n]
+      if (n > n_min) {
+        load_k(n - 1, 0);
+        cp_async_fence();
+      }
+    }
+    const uint32_t v_base = v_base0 + stage * kStageBytes;
+    gemm_pipelined(
+        acc_o, tOrP, tOrVt, mma, [](int) {}, [&](int i, int n) { LdsmKV::load_bt(tOrVt, v_base, lane_off, i, n); });
   }
 
   // Epilogue: normalise, write lse, stage O through smem (reusing Q's rows, which only this warp read) and
