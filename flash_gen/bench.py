@@ -28,6 +28,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flash_gen
 from flash_gen.spec import config_from_name
+from flash_gen.spec_bwd import BwdConfig, bwd_config_from_name
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 PEERS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
@@ -61,16 +62,17 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         print(f"--peers: unknown {unknown}; choose from {list(PEERS)}", file=sys.stderr)
         return 2
-    if args.configs and args.direction != "fwd":
-        print("--configs forces forward tilings: use it with --direction fwd", file=sys.stderr)
-        return 2
     if not torch.cuda.is_available():
         print("flash-gen bench needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
         return 2
     timer_name, timer = _timer()
     impls = {"flash_gen": (contextlib.nullcontext, _flash_gen)}
     for name in args.configs:
-        impls[f"fg:{name}"] = (contextlib.nullcontext, functools.partial(_flash_gen, config=config_from_name(name)))
+        if args.direction == "fwd":
+            impl = functools.partial(_flash_gen, config=config_from_name(name))
+        else:
+            impl = functools.partial(_flash_gen_bwd_config, config=bwd_config_from_name(name))
+        impls[f"fg:{name}"] = (contextlib.nullcontext, impl)
     impls.update({p: (functools.partial(sdpa_kernel, PEERS[p]), _sdpa) for p in args.peers})
     l2_bytes = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0)
     results = []
@@ -112,6 +114,36 @@ def _flash_gen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, 
 
     return attention_fwd(q, k, v, softmax_scale=q.shape[-1] ** -0.5, causal=causal, window_size=(-1, -1),
                          softcap=0.0, alibi_slopes=None, config=config)[0]
+
+
+class _ForcedBackward(torch.autograd.Function):
+    """flash_gen's default forward with its backward forced to one tiling (fg:NAME columns of fwd+bwd runs)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal: bool, config: BwdConfig):
+        from flash_gen.runtime.fwd import attention_fwd
+
+        ctx.attn = dict(softmax_scale=q.shape[-1] ** -0.5, causal=causal, window_size=(-1, -1), softcap=0.0,
+                        alibi_slopes=None)
+        out, lse = attention_fwd(q, k, v, **ctx.attn)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.config = config
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        from flash_gen.runtime.bwd import attention_bwd
+
+        q, k, v, out, lse = ctx.saved_tensors
+        grads = tuple(torch.empty_like(t) for t in (q, k, v))
+        attention_bwd(dout.contiguous(), q, k, v, out, lse, *grads, deterministic=False, config=ctx.config,
+                      **ctx.attn)
+        return (*grads, None, None)
+
+
+def _flash_gen_bwd_config(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                          config: BwdConfig) -> torch.Tensor:
+    return _ForcedBackward.apply(q, k, v, causal, config)
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:

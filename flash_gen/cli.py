@@ -210,8 +210,9 @@ def _add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--peers", type=names, default=("flash", "cudnn"),
                         help="SDPA backends to compare with (comma list of flash, cudnn)")
     parser.add_argument("--configs", type=names, default=(),
-                        help="also time flash_gen's forward forced to these tilings (FwdConfig names, e.g. "
-                        "m128n64w4s2), as fg:NAME columns")
+                        help="also time flash_gen forced to these tilings, as fg:NAME columns: forward tilings "
+                        "(FwdConfig names, e.g. m128n64w4s2) with --direction fwd, backward tilings (BwdConfig names, "
+                        "e.g. m64n128w8a242s2) with fwd+bwd")
     parser.add_argument("--json", default="bench_fwd.json", help="write every number here (default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=3, help="timings per cell, interleaved; the median is kept")
 

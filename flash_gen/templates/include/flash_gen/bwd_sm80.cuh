@@ -78,6 +78,22 @@ __device__ __forceinline__ int ld_acquire(const int* p) {
   return v;
 }
 
+// dst += acc for an MMA accumulator and its gmem partition, with reductions (no return value). Elements 2i and
+// 2i+1 of an m16n8 accumulator are adjacent columns of one row, so Hopper and newer add them as one 8-byte vector,
+// halving the reductions the LSU pipe issues.
+template <class Acc, class Dst>
+__device__ __forceinline__ void red_add(Dst&& dst, Acc const& acc) {
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc); i += 2) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(&dst(i)), "f"(acc(i)), "f"(acc(i + 1)) : "memory");
+#else
+    atomicAdd(&dst(i), acc(i));
+    atomicAdd(&dst(i + 1), acc(i + 1));
+#endif
+  }
+}
+
 template <class T>
 __device__ __forceinline__ void bwd_kernel(BwdParams const& p) {
   using Element = typename T::Element;
@@ -292,8 +308,7 @@ __device__ __forceinline__ void bwd_kernel(BwdParams const& p) {
         }
         __syncthreads();
       }
-      CUTE_UNROLL
-      for (int i = 0; i < size(acc_dq); ++i) atomicAdd(&tdQgdQ(i), acc_dq(i));
+      red_add(tdQgdQ, acc_dq);
       if constexpr (T::kDeterministic) {
         __syncthreads();  // every thread's additions are issued before the turn passes on
         if (tidx == 0) {

@@ -3,13 +3,12 @@
 // streams K/V tiles from the last visible one down to the first; scores go through an online base-2
 // softmax with the scale folded into one FMA; masking costs only the tiles that a mask or a sequence end cuts.
 #pragma once
+#include "flash_gen/attn_mask.cuh"
 #include "flash_gen/fwd_params.cuh"
 #include "flash_gen/sm80_ldsm.cuh"
 #include "flash_gen/sm80_utils.cuh"
 
 namespace flash_gen {
-
-enum class Mask { kNone = 0, kCausal = 1, kLocal = 2 };
 
 template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, int kStages_, bool kQInRegs_,
           Mask kMask_, bool kSoftcap_, bool kAlibi_>
@@ -26,8 +25,8 @@ struct FwdTraits {
   static constexpr Mask kMask = kMask_;
   static constexpr bool kSoftcap = kSoftcap_;
   static constexpr bool kAlibi = kAlibi_;
-  static constexpr bool kHasRightBound = kMask != Mask::kNone;
-  static constexpr bool kHasLeftBound = kMask == Mask::kLocal;
+  static constexpr bool kHasRightBound = MaskBounds<kMask>::kRight;
+  static constexpr bool kHasLeftBound = MaskBounds<kMask>::kLeft;
   static_assert(kBlockM % (16 * kNWarps) == 0, "each warp owns whole 16-row MMA tiles");
   static_assert(kBlockN % 16 == 0, "block_n is the k-extent of P@V");
 
@@ -171,7 +170,6 @@ __device__ __forceinline__ void fwd_kernel(FwdParams const& p) {
   Tensor tScS_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
   constexpr int kRows = decltype(size<0>(tScS_rc))::value;  // accumulator rows this thread holds
   constexpr int kCols = decltype(size<1>(tScS_rc))::value;
-  const int base_row = get<0>(tScS_rc(0, 0)), base_col = get<1>(tScS_rc(0, 0));
 
   // Prologue: Q and the first K (and, with a multi-stage ring, the first kStages-1 K/V tiles).
   copy_zfill(load, tQgQ, tQsQ, tQcQ, q_rows, T::kHeadDim);
@@ -240,40 +238,10 @@ __device__ __forceinline__ void fwd_kernel(FwdParams const& p) {
       CUTE_UNROLL
       for (int i = 0; i < size(s); ++i) s(i) = tanhf(s(i) * p.score_scale);
     }
-    // Masks compare compile-time element offsets against per-tile limits relative to this thread's first
-    // element, so no per-element coordinate stays live in registers across the loop.
-    const int col0 = n * kBlockN + base_col;
-    if constexpr (T::kAlibi) {
-      CUTE_UNROLL
-      for (int r = 0; r < kRows; ++r) {
-        const int row = row0 + get<0>(tScS_rc(r, 0)) + diag;
-        CUTE_UNROLL
-        for (int c = 0; c < kCols; ++c) {
-          s(r, c) -= slope * float(abs(row - (col0 + get<1>(tScS_rc(r, c)) - base_col)));
-        }
-      }
-    }
+    if constexpr (T::kAlibi) add_alibi(s, tScS_rc, row0, n * kBlockN, diag, slope);
     // Per-element masking only where this tile crosses the sequence end or a mask boundary.
-    const int tile_col = n * kBlockN;
-    bool cut = tile_col + kBlockN > p.seqlen_k;
-    if constexpr (T::kHasRightBound) cut |= tile_col + kBlockN - 1 > row0 + diag + p.window_right;
-    if constexpr (T::kHasLeftBound) cut |= tile_col < row0 + kBlockM - 1 + diag - p.window_left;
-    if (cut) {
-      const int col_end = p.seqlen_k - col0;  // offsets >= this are past the sequence
-      CUTE_UNROLL
-      for (int r = 0; r < kRows; ++r) {
-        const int row = row0 + base_row + (get<0>(tScS_rc(r, 0)) - base_row) + diag - col0;
-        const int right = row + p.window_right;  // offsets > right are masked
-        const int left = row - p.window_left;    // offsets < left are masked
-        CUTE_UNROLL
-        for (int c = 0; c < kCols; ++c) {
-          const int off = get<1>(tScS_rc(r, c)) - base_col;
-          bool masked = off >= col_end;
-          if constexpr (T::kHasRightBound) masked |= off > right;
-          if constexpr (T::kHasLeftBound) masked |= off < left;
-          if (masked) s(r, c) = -inf();
-        }
-      }
+    if (tile_is_cut<T::kMask>(row0, kBlockM, n * kBlockN, kBlockN, p.seqlen_k, diag, p.window_left, p.window_right)) {
+      mask_tile<T::kMask>(s, tScS_rc, row0, n * kBlockN, p.seqlen_k, diag, p.window_left, p.window_right);
     }
 
     // Online softmax in base 2: p = exp2(s*scale_log2 - max*scale_log2), one FFMA per element.
