@@ -69,12 +69,15 @@ class FwdConfig:
     kv_stages: int = 1  # K/V smem buffers: 1 = FA2's interleave (V[j] loads under QK^T, K[j+1] under PV);
     # 2 = double buffer, K[j+1] and V[j+1] both in flight during step j
     q_in_regs: bool = False  # keep Q's MMA fragments in registers for the whole loop (no per-step ldmatrix)
+    late_v_wait: bool = False  # kv_stages=1 only: wait for V (and start loading the next K) after the softmax
+    # instead of right after QK^T. The next K load then no longer overlaps the softmax, but ptxas cannot hoist V's
+    # ldmatrix into the softmax either, which keeps big tiles (128x64 at hd 128) from spilling.
 
     @property
     def name(self) -> str:
         return (
             f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.kv_stages}"
-            f"{'_qreg' if self.q_in_regs else ''}"
+            f"{'_qreg' if self.q_in_regs else ''}{'_vlate' if self.late_v_wait else ''}"
         )
 
     @property
@@ -89,6 +92,7 @@ CONFIG_SPACE = {
     "num_warps": (4, 8),
     "kv_stages": (1, 2),
     "q_in_regs": (False, True),
+    "late_v_wait": (False, True),
 }
 
 
@@ -117,6 +121,8 @@ def infeasible_reason(key: FwdKey, cfg: FwdConfig) -> str | None:
         return f"block_m={cfg.block_m} is not a multiple of 16*num_warps={rows_per_warp_step}"
     if cfg.block_n % 16:
         return f"block_n={cfg.block_n} is not a multiple of 16 (the MMA k-step of P@V)"
+    if cfg.late_v_wait and cfg.kv_stages != 1:
+        return "late_v_wait only applies to kv_stages=1 (with a ring, K and V of a step arrive together)"
     # 16-byte global<->smem copies: a pass of all threads covers num_threads / (atom_cols / 8) rows, where the
     # smem swizzle atom is 64, 32 or 16 columns wide (as wide as the padded head dim allows).
     d = mma_head_dim(key.head_dim)
@@ -141,24 +147,25 @@ def default_config(key: FwdKey) -> FwdConfig:
 
     Reasons, per class (sm_90a ptxas reports and timings unless said otherwise):
     - hd <= 80: 128x64, 4 warps. 128x128 spills at 255 registers and is 3-8% slower.
-    - hd 96-128: a 32-key step keeps acc_o (128 fp32 registers) plus acc_s under the cap; two K/V stages where
-      registers allow. Masked kernels spill with two stages; on sm80/sm100 ptxas spills 4-8 bytes even with
-      one, so those (and head dims whose 16-byte copy passes cover 64 rows, e.g. 112) take 64x64 tiles.
+    - hd 96-128: on sm90, FA2's 128x64 tile with the V wait after the softmax (`late_v_wait`: without it the
+      tile spills); 3-10% faster than the 32-key step below. Elsewhere a 32-key step keeps acc_o (128 fp32
+      registers) plus acc_s under the cap, with two K/V stages where registers allow; masked kernels spill with
+      two stages, and on sm80/sm100 ptxas spilled 4-8 bytes even with one, so those (and head dims whose 16-byte
+      copy passes cover 64 rows, e.g. 112) take 64x64 tiles.
     - hd > 128: 8 warps split the rows and two K/V stages hide the loads (196 KB of smem at hd 256, so sm80
       falls back to one stage).
     """
     d = mma_head_dim(key.head_dim)
     if d <= 80:
-        prefs = [(128, 64, 4, 1), (64, 64, 4, 1)]
-    elif d <= 128 and key.mask == "none":
-        prefs = [(128, 32, 4, 2), (64, 64, 4, 1)]
+        prefs = [FwdConfig(128, 64, 4, 1), FwdConfig(64, 64, 4, 1)]
     elif d <= 128:
-        prefs = [(128, 32, 4, 1)] if key.arch == "sm90" else []
-        prefs += [(64, 64, 4, 1)]
+        prefs = [FwdConfig(128, 64, 4, 1, late_v_wait=True)] if key.arch == "sm90" else []
+        prefs += [FwdConfig(128, 32, 4, 2)] if key.mask == "none" else []
+        prefs += [FwdConfig(64, 64, 4, 1)]
     else:
-        prefs = [(128, 64, 8, 2), (128, 64, 8, 1), (64, 64, 4, 2), (64, 64, 4, 1), (64, 32, 4, 1)]
-    for block_m, block_n, warps, stages in prefs:
-        cfg = FwdConfig(block_m=block_m, block_n=block_n, num_warps=warps, kv_stages=stages)
+        prefs = [FwdConfig(128, 64, 8, 2), FwdConfig(128, 64, 8, 1), FwdConfig(64, 64, 4, 2), FwdConfig(64, 64, 4, 1),
+                 FwdConfig(64, 32, 4, 1)]
+    for cfg in prefs:
         if infeasible_reason(key, cfg) is None:
             return cfg
     raise AssertionError(f"no default config fits {key.name}")  # spec tests cover every key
@@ -209,8 +216,8 @@ def key_from_name(name: str) -> FwdKey:
 
 
 def config_from_name(name: str) -> FwdConfig:
-    """Inverse of FwdConfig.name, e.g. "m128n64w4s2_qreg"."""
-    m = re.fullmatch(r"m(\d+)n(\d+)w(\d+)s(\d+)(_qreg)?", name)
+    """Inverse of FwdConfig.name, e.g. "m128n64w4s2_qreg" or "m128n64w4s1_vlate"."""
+    m = re.fullmatch(r"m(\d+)n(\d+)w(\d+)s(\d+)(_qreg)?(_vlate)?", name)
     if m is None:
-        raise ValueError(f"not a forward config name (like m128n64w4s1 or m128n64w4s2_qreg): {name!r}")
-    return FwdConfig(int(m[1]), int(m[2]), int(m[3]), int(m[4]), bool(m[5]))
+        raise ValueError(f"not a forward config name (like m128n64w4s1, m128n64w4s2_qreg, m128n64w4s1_vlate): {name!r}")
+    return FwdConfig(int(m[1]), int(m[2]), int(m[3]), int(m[4]), bool(m[5]), bool(m[6]))

@@ -175,10 +175,13 @@ def test_empty_sequences(seqlen_q: int, seqlen_k: int):
 
 
 # Tilings beyond the defaults, so every value of every config axis (block_m, block_n, warps, K/V stages,
-# Q in registers) runs through the reference check; benchmarks/sweep_fwd_configs.sh times the same set.
+# Q in registers, late V wait) runs through the reference check; benchmarks/sweep_fwd_configs.sh times the
+# same set.
 CONFIGS = {
-    64: ("m128n64w4s1", "m128n64w4s2", "m128n128w8s1", "m64n64w4s1", "m128n64w8s1", "m128n64w4s1_qreg"),
-    128: ("m128n32w4s1", "m128n32w4s2", "m64n64w4s1", "m64n64w4s2", "m128n64w4s1", "m128n64w8s1", "m128n64w8s2"),
+    64: ("m128n64w4s1", "m128n64w4s2", "m128n128w8s1", "m64n64w4s1", "m128n64w8s1", "m128n64w4s1_qreg",
+         "m128n64w4s1_vlate"),
+    128: ("m128n32w4s1", "m128n32w4s2", "m64n64w4s1", "m64n64w4s2", "m128n64w4s1_vlate", "m128n64w8s1",
+          "m128n64w8s2"),
     256: ("m64n64w4s1", "m64n32w4s1", "m128n32w8s1", "m128n64w8s2", "m64n64w4s2"),
 }
 

@@ -11,7 +11,7 @@
 namespace flash_gen {
 
 template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, int kStages_, bool kQInRegs_,
-          Mask kMask_, bool kSoftcap_, bool kAlibi_>
+          bool kLateVWait_, Mask kMask_, bool kSoftcap_, bool kAlibi_>
 struct FwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;                 // what loads and stores touch
@@ -22,6 +22,7 @@ struct FwdTraits {
   static constexpr int kNThreads = kNWarps * 32;
   static constexpr int kStages = kStages_;
   static constexpr bool kQInRegs = kQInRegs_;
+  static constexpr bool kLateVWait = kLateVWait_;  // kStages == 1: wait for V after the softmax (FwdConfig.late_v_wait)
   static constexpr Mask kMask = kMask_;
   static constexpr bool kSoftcap = kSoftcap_;
   static constexpr bool kAlibi = kAlibi_;
@@ -204,6 +205,18 @@ __device__ __forceinline__ void fwd_kernel(FwdParams const& p) {
   float slope = 0.f;
   if constexpr (T::kAlibi) slope = p.alibi_slopes[batch * p.alibi_batch_stride + head] * p.alibi_scale;
 
+  // One K/V buffer: V[n] must have landed, and every warp be done reading K[n], before K[n-1] may load. Placed
+  // right after QK^T the K load overlaps the softmax; placed after the softmax (kLateVWait) ptxas cannot hoist
+  // V's ldmatrix into the softmax, where the fragments would stay live next to the whole score tile.
+  auto wait_v_load_next_k = [&](int n) {
+    cp_async_wait<0>();
+    __syncthreads();
+    if (n > n_min) {
+      load_k(n - 1, 0);
+      cp_async_fence();
+    }
+  };
+
   for (int n = n_max - 1, it = 0; n >= n_min; --n, ++it) {
     const int stage = T::kStages == 1 ? 0 : it % T::kStages;
     if constexpr (T::kStages == 1) {
@@ -232,6 +245,7 @@ __device__ __forceinline__ void fwd_kernel(FwdParams const& p) {
           if constexpr (!T::kQInRegs) load_q(i);
         },
         [&](int i, int n) { LdsmKV::load_b(tSrK, k_base, lane_off, i, n); });
+    if constexpr (T::kStages == 1 && !T::kLateVWait) wait_v_load_next_k(n);
 
     Tensor s = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));
     if constexpr (T::kSoftcap) {
@@ -269,17 +283,7 @@ __device__ __forceinline__ void fwd_kernel(FwdParams const& p) {
 
     Tensor p_frag = convert_to<Element>(acc_s);
     Tensor tOrP = make_tensor(p_frag.data(), acc_as_a_operand(p_frag.layout()));
-    if constexpr (T::kStages == 1) {
-      // Here rather than right after Q@K^T: ptxas cannot move ldmatrix above the barrier, so the V fragments
-      // are not prefetched into the softmax, where they would stay live next to the whole score tile (the
-      // 128x64 hdim-128 tile spilled without this).
-      cp_async_wait<0>();
-      __syncthreads();  // V[n] visible to all; every warp is done reading K[n]
-      if (n > n_min) {
-        load_k(n - 1, 0);
-        cp_async_fence();
-      }
-    }
+    if constexpr (T::kStages == 1 && T::kLateVWait) wait_v_load_next_k(n);
     const uint32_t v_base = v_base0 + stage * kStageBytes;
     gemm_pipelined(
         acc_o, tOrP, tOrVt, mma, [](int) {}, [&](int i, int n) { LdsmKV::load_bt(tOrVt, v_base, lane_off, i, n); });
