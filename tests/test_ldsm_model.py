@@ -263,13 +263,14 @@ def bwd_mismatches(d, bm, bn, warps, wm_sdp, wm_dkv, wm_dq, stages, broken=None)
                 for n in range(0, N // (8 * wn), 2):
                     regs, addrs = load_b(n, i)
                     assert conflict_free(addrs)
-                    for lane, (nt, kh), e in itertools.product(range(32), [(n, 0), (n, 1), (n + 1, 0), (n + 1, 1)], range(2)):
+                    tiles = [(n, 0), (n, 1), (n + 1, 0), (n + 1, 1)]
+                    for lane, (nt, kh), e in itertools.product(range(32), tiles, range(2)):
                         bad += regs[lane][(nt, kh)][e] != b_el(*frag_b(lane, w_n, wn, nt, i, kh, e))
     return bad
 
 
-# Backward default tilings (sm90, no mask), named by the padded head dim: (d_mma, block_m, block_n, warps, a_sdp, a_dkv, a_dq, stages)) for
-# every head dim, plus a padded head dim on the 4-warp tiling; one head dim per distinct padded tiling.
+# Backward default tilings (sm90, no mask), named by the padded head dim, as (d_mma, block_m, block_n, warps,
+# a_sdp, a_dkv, a_dq, stages), plus a padded head dim on the 4-warp tiling; one per distinct padded tiling.
 def _bwd_configs():
     from flash_gen.spec import HEAD_DIMS
     from flash_gen.spec_bwd import BwdConfig, BwdKey, bwd_head_dim_mma, default_bwd_config

@@ -142,7 +142,9 @@ __device__ __forceinline__ void bwd_kernel(BwdParams const& p) {
   cp_async_fence();
 
   // Operand fragments (the MMAs' own layouts; a transposed operand's fragment only needs its shape).
-  auto shaped = [](auto shape) { return make_tensor(make_smem_ptr(static_cast<Element*>(nullptr)), make_layout(shape)); };
+  auto shaped = [](auto shape) {
+    return make_tensor(make_smem_ptr(static_cast<Element*>(nullptr)), make_layout(shape));
+  };
   typename T::MmaSdP mma_sdp;  // S and dP: A = Q / dO, B = K / V, both k-major
   auto thr_sdp = mma_sdp.get_thread_slice(tidx);
   Tensor tSrQ = thr_sdp.partition_fragment_A(sQ(_, _, 0));  // (MMA, MMA_M, MMA_K)
