@@ -1,4 +1,4 @@
-"""CPU model of the forward kernel's hand-addressed ldmatrix (templates/include/flash_gen/sm80_ldsm.cuh).
+"""CPU model of the hand-addressed ldmatrix of the forward and backward kernels (sm80_ldsm.cuh).
 
 For every thread and fragment register, the bytes that the LdsmTile addresses make ldmatrix deliver must be
 the smem elements that CuTe's mma.sync m16n8k16 fragment layouts (mma_traits_sm80.hpp) expect, with the smem
@@ -48,9 +48,18 @@ class LdsmTile:
         self.rows = rows
         self.row_bytes = 2 * self.ac
 
+    def offset(self, row: int, col: int) -> int:
+        chunk = col % self.ac // 8
+        swz = (row >> (3 - self.bits)) & ((1 << self.bits) - 1)
+        return row * self.row_bytes + ((chunk ^ swz) << 4) + col // self.ac * self.rows * self.row_bytes
+
+    def thread_offset(self, tidx: int, dr=8, dc=8, col_first=False, row0=0, col0=0) -> int:
+        q = tidx % 32 // 8
+        qr, qc = (q // 2, q % 2) if col_first else (q % 2, q // 2)
+        return self.offset(row0 + tidx % 8 + dr * qr, col0 + dc * qc)
+
     def lane_offset(self, tidx: int) -> int:
-        row, chunk = tidx % 16, tidx % 32 // 16
-        return row * self.row_bytes + ((chunk ^ ((row >> (3 - self.bits)) & ((1 << self.bits) - 1))) << 4)
+        return self.thread_offset(tidx)
 
     def block(self, lane: int, row: int, col: int) -> int:
         return (lane ^ (2 * (col % self.ac))) + row * self.row_bytes + col // self.ac * self.rows * self.row_bytes
@@ -123,3 +132,170 @@ def test_ldsm_addresses_match_cute_fragments(d, bm, bn, warps, stages):
             for lane, q, e in itertools.product(range(32), range(4), range(2)):
                 nn, kk = mma_b(lane, (e, q % 2))
                 assert got[lane][q][e] == expect(bn, 16 * i + kk, 8 * (n + q // 2) + nn, stage, v_base)
+
+
+def test_lane_offset_is_the_forwards():
+    """lane_offset, now thread_offset's 16x16 case, is the forward's original formula."""
+    for cols, rows in itertools.product((16, 32, 48, 64, 128, 256), (32, 64, 128)):
+        tile = LdsmTile(cols, rows)
+        for tidx in range(256):
+            row, chunk = tidx % 16, tidx % 32 // 16
+            old = row * tile.row_bytes + ((chunk ^ ((row >> (3 - tile.bits)) & ((1 << tile.bits) - 1))) << 4)
+            assert tile.lane_offset(tidx) == old
+
+
+# ---- Backward (bwd_sm80.cuh): five GEMMs over three TiledMMAs whose warps split both M and N. Warp w of a
+# TiledMMA with wm warps along M is (w % wm, w // wm) and owns the m16 tiles w_m + wm*j and the n8 tiles
+# w_n + wn*j (checked against CuTe's partition_A/B on the host once; the forward's wn = 1 case is the same).
+
+
+def frag_a(lane: int, w_m: int, wm: int, m: int, i: int, h: int, e: int) -> tuple[int, int]:
+    """(m, k) of element e of 32-bit register h of A fragment tile (m, i) of warp row w_m."""
+    r, c = mma_a(lane, (e, h % 2, h // 2))
+    return 16 * (w_m + wm * m) + r, 16 * i + c
+
+
+def frag_b(lane: int, w_n: int, wn: int, n: int, i: int, kh: int, e: int) -> tuple[int, int]:
+    """(n, k) of element e of register kh of B fragment tile (n, i) of warp column w_n."""
+    nn, kk = mma_b(lane, (e, kh))
+    return 8 * (w_n + wn * n) + nn, 16 * i + kk
+
+
+def ld_a(tile, base, offs, row_step, m, i):
+    """load_a<row_step>: ({register h: element addresses} per lane, the row address each lane supplies)."""
+    addrs = [base + tile.block(o, m * row_step, 16 * i) for o in offs]
+    got = ldmatrix(addrs, trans=False)
+    return [{h: got[lane][h] for h in range(4)} for lane in range(32)], addrs
+
+
+def ld_at(tile, base, offs, col_step, m, i):
+    addrs = [base + tile.block(o, 16 * i, m * col_step) for o in offs]
+    got = ldmatrix(addrs, trans=True)
+    return [{h: got[lane][h] for h in range(4)} for lane in range(32)], addrs
+
+
+def ld_b(tile, base, offs, n_step, n, i):
+    """load_b<n_step, true>: ({(n8 tile, register kh): element addresses} per lane, row addresses), tiles n, n + 1."""
+    addrs = [base + tile.block(o, n_step * n, 16 * i) for o in offs]
+    got = ldmatrix(addrs, trans=False)
+    return [{(n + q // 2, q % 2): got[lane][q] for q in range(4)} for lane in range(32)], addrs
+
+
+def ld_bt(tile, base, offs, n_step, n, i):
+    addrs = [base + tile.block(o, 16 * i, n_step * n) for o in offs]
+    got = ldmatrix(addrs, trans=True)
+    return [{(n + q // 2, q % 2): got[lane][q] for q in range(4)} for lane in range(32)], addrs
+
+
+def conflict_free(addrs: list[int]) -> bool:
+    """Each 8x8 matrix's 8 rows of 16 bytes hit 8 distinct 16-byte bank groups (one wavefront per matrix)."""
+    return all(len({a // 16 % 8 for a in addrs[8 * q : 8 * q + 8]}) == 8 for q in range(4))
+
+
+def bwd_mismatches(d, bm, bn, warps, wm_sdp, wm_dkv, wm_dq, stages, broken=None):
+    """Count fragment elements whose ldmatrix address differs from CuTe's, over all warps and operands of
+    the backward kernel (bwd_sm80.cuh's thread offsets and bases, transcribed). Asserts bank-conflict freedom."""
+    q_t, kv_t, p_t = LdsmTile(d, bm), LdsmTile(d, bn), LdsmTile(bn, bm)
+    stage_bytes = bm * d * ELEM
+    q_addr = 0
+    do_addr = q_addr + stages * stage_bytes
+    k_addr = do_addr + stages * stage_bytes
+    v_addr = k_addr + bn * d * ELEM
+    p_addr = v_addr + bn * d * ELEM
+    ds_addr = p_addr + bm * bn * ELEM
+    stage = stages - 1
+    q_stage, do_stage = q_addr + stage * stage_bytes, do_addr + stage * stage_bytes
+    wn_sdp, wn_dkv, wn_dq = warps // wm_sdp, warps // wm_dkv, warps // wm_dq
+
+    def q_el(base):  # element (r, c) of a Q/dO stage
+        return lambda r, c: base + ELEM * cute_offset(r, c, 0, bm, d)
+
+    def kv_el(base):
+        return lambda r, c: base + ELEM * cute_offset(r, c, 0, bn, d)
+
+    def p_el(base):
+        return lambda r, c: base + ELEM * cute_offset(r, c, 0, bm, bn)
+
+    def t(el):  # the transposed operand: (m or n, k) is smem (k, m or n)
+        return lambda r, c: el(c, r)
+
+    bad = 0
+    for warp in range(warps):
+        tids = [32 * warp + lane for lane in range(32)]
+        lane_q = [q_t.lane_offset(x) for x in tids]
+        off_kv = [kv_t.thread_offset(x, 8 * wn_sdp, 8, True) for x in tids]
+        q_row = 16 * (warp % wm_sdp) * q_t.row_bytes
+        kv_row = 8 * (warp // wm_sdp) * kv_t.row_bytes
+        lane_p = [p_t.lane_offset(x) for x in tids]
+        ds_row = 16 * (warp % wm_dq) * p_t.row_bytes
+        kt_dc, kt_col = (8, 0) if broken == "kt_16x16" else (8 * wn_dq, 8 * (warp // wm_dq))
+        off_kt = [kv_t.thread_offset(x, 8, kt_dc, False, 0, kt_col) for x in tids]
+        pt_col = 0 if broken == "pt_no_warp_col" else 16 * (warp % wm_dkv)
+        off_pt = [p_t.thread_offset(x, 8, 8, True, 0, pt_col) for x in tids]
+        off_qt = [q_t.thread_offset(x, 8, 8 * wn_dkv, False, 0, 8 * (warp // wm_dkv)) for x in tids]
+        # (wm, M, N, K, load A(m, i), A element, load B(n, i), B element) per GEMM, as the kernel calls them.
+        gemms = [
+            (wm_sdp, bm, bn, d,  # S = Q K^T
+             lambda m, i: ld_a(q_t, q_stage + q_row, lane_q, 16 * wm_sdp, m, i), q_el(q_stage),
+             lambda n, i: ld_b(kv_t, k_addr + kv_row, off_kv, 8 * wn_sdp, n, i), kv_el(k_addr)),
+            (wm_sdp, bm, bn, d,  # dP = dO V^T
+             lambda m, i: ld_a(q_t, do_stage + q_row, lane_q, 16 * wm_sdp, m, i), q_el(do_stage),
+             lambda n, i: ld_b(kv_t, v_addr + kv_row, off_kv, 8 * wn_sdp, n, i), kv_el(v_addr)),
+            (wm_dq, bm, d, bn,  # dQ = dS K
+             lambda m, i: ld_a(p_t, ds_addr + ds_row, lane_p, 16 * wm_dq, m, i), p_el(ds_addr),
+             lambda n, i: ld_bt(kv_t, k_addr, off_kt, 8 * wn_dq, n, i), t(kv_el(k_addr))),
+            (wm_dkv, bn, d, bm,  # dV = P^T dO
+             lambda m, i: ld_at(p_t, p_addr, off_pt, 16 * wm_dkv, m, i), t(p_el(p_addr)),
+             lambda n, i: ld_bt(q_t, do_stage, off_qt, 8 * wn_dkv, n, i), t(q_el(do_stage))),
+            (wm_dkv, bn, d, bm,  # dK = dS^T Q
+             lambda m, i: ld_at(p_t, ds_addr, off_pt, 16 * wm_dkv, m, i), t(p_el(ds_addr)),
+             lambda n, i: ld_bt(q_t, q_stage, off_qt, 8 * wn_dkv, n, i), t(q_el(q_stage))),
+        ]
+        for wm, M, N, K, load_a, a_el, load_b, b_el in gemms:
+            wn = warps // wm
+            w_m, w_n = warp % wm, warp // wm
+            for i in range(K // 16):
+                for m in range(M // (16 * wm)):
+                    regs, addrs = load_a(m, i)
+                    assert conflict_free(addrs)
+                    for lane, h, e in itertools.product(range(32), range(4), range(2)):
+                        bad += regs[lane][h][e] != a_el(*frag_a(lane, w_m, wm, m, i, h, e))
+                for n in range(0, N // (8 * wn), 2):
+                    regs, addrs = load_b(n, i)
+                    assert conflict_free(addrs)
+                    tiles = [(n, 0), (n, 1), (n + 1, 0), (n + 1, 1)]
+                    for lane, (nt, kh), e in itertools.product(range(32), tiles, range(2)):
+                        bad += regs[lane][(nt, kh)][e] != b_el(*frag_b(lane, w_n, wn, nt, i, kh, e))
+    return bad
+
+
+# Backward default tilings (sm90, no mask), named by the padded head dim, as (d_mma, block_m, block_n, warps,
+# a_sdp, a_dkv, a_dq, stages), plus a padded head dim on the 4-warp tiling; one per distinct padded tiling.
+def _bwd_configs():
+    from flash_gen.spec import HEAD_DIMS
+    from flash_gen.spec_bwd import BwdConfig, BwdKey, bwd_head_dim_mma, default_bwd_config
+
+    keys = [(BwdKey("sm90", "bf16", hd), default_bwd_config(BwdKey("sm90", "bf16", hd))) for hd in HEAD_DIMS]
+    keys.append((BwdKey("sm90", "bf16", 80), BwdConfig(64, 64, 4, 2, 4, 4, 1)))
+    out = {}
+    for key, c in keys:  # one per distinct padded tiling
+        cfg = (bwd_head_dim_mma(key, c), c.block_m, c.block_n, c.num_warps, c.warps_m_sdp, c.warps_n_dkv,
+               c.warps_m_dq, c.stages)
+        if cfg not in out.values():
+            out[f"d{cfg[0]}_{c.name}"] = cfg
+    return out
+
+
+BWD_CONFIGS = _bwd_configs()
+
+
+@pytest.mark.parametrize("cfg", BWD_CONFIGS.values(), ids=BWD_CONFIGS.keys())
+def test_bwd_ldsm_addresses_match_cute_fragments(cfg):
+    assert bwd_mismatches(*cfg) == 0
+
+
+@pytest.mark.parametrize("broken", ["kt_16x16", "pt_no_warp_col"])
+def test_bwd_model_catches_broken_addressing(broken):
+    """The check is not vacuous: the forward's 16x16 offset for K^T (ignoring the warps' interleaved n8 tiles)
+    or P^T without the warp's column offset must fail."""
+    assert bwd_mismatches(*BWD_CONFIGS["d128_m64n128w8a242s2"], broken=broken) > 0

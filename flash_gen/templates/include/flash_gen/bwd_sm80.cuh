@@ -10,6 +10,7 @@
 #pragma once
 #include "flash_gen/attn_mask.cuh"
 #include "flash_gen/bwd_params.cuh"
+#include "flash_gen/sm80_ldsm.cuh"
 #include "flash_gen/sm80_utils.cuh"
 
 namespace flash_gen {
@@ -30,6 +31,7 @@ struct BwdTraits {
   static constexpr bool kSoftcap = kSoftcap_;
   static constexpr bool kAlibi = kAlibi_;
   static constexpr bool kDeterministic = kDeterministic_;
+  static constexpr int kWarpsMSdP = kWarpsMSdP_, kWarpsNdKV = kWarpsNdKV_, kWarpsMdQ = kWarpsMdQ_;
 
   // Warps tile a GEMM's (M, N) as kWarpsM x (kNWarps / kWarpsM); N = 16 per warp step so one ldmatrix.x4
   // feeds two n8 MMAs.
@@ -49,14 +51,6 @@ struct BwdTraits {
   using SmemLayoutKV = decltype(tile_to_shape(typename Smem::Atom{}, Shape<Int<kBlockN>, Int<kHeadDimMma>>{}));
   using SmemLayoutP =  // P and dS: (block_m, block_n)
       decltype(tile_to_shape(typename SmemTile<kBlockN>::Atom{}, Shape<Int<kBlockM>, Int<kBlockN>>{}));
-  // Transposed views (same bytes, permuted coordinates), read with ldmatrix.trans.
-  using SmemLayoutQt = decltype(composition(
-      SmemLayoutQ{}, make_layout(Shape<Int<kHeadDimMma>, Int<kBlockM>, Int<kStages>>{},
-                                 Stride<Int<kBlockM>, _1, Int<kBlockM * kHeadDimMma>>{})));
-  using SmemLayoutKt = decltype(composition(
-      SmemLayoutKV{}, make_layout(Shape<Int<kHeadDimMma>, Int<kBlockN>>{}, Stride<Int<kBlockN>, _1>{})));
-  using SmemLayoutPt = decltype(composition(
-      SmemLayoutP{}, make_layout(Shape<Int<kBlockN>, Int<kBlockM>>{}, Stride<Int<kBlockM>, _1>{})));
   static constexpr int kSmemElems =
       2 * kStages * kBlockM * kHeadDimMma + 2 * kBlockN * kHeadDimMma + 2 * kBlockM * kBlockN;
   static constexpr int kSmemBytes = kSmemElems * int(sizeof(Element));
@@ -67,8 +61,6 @@ struct BwdTraits {
                                             GmemThreads{}, Layout<Shape<_1, _8>>{}));
   using GmemStore = decltype(make_tiled_copy(Copy_Atom<UniversalCopy<uint128_t>, Element>{}, GmemThreads{},
                                              Layout<Shape<_1, _8>>{}));
-  using LdsmN = Copy_Atom<SM75_U32x4_LDSM_N, Element>;
-  using LdsmT = Copy_Atom<SM75_U16x8_LDSM_T, Element>;
   using StoreC = Copy_Atom<AutoVectorizingCopyWithAssumedAlignment<32>, Element>;
 };
 
@@ -135,11 +127,6 @@ __device__ __forceinline__ void bwd_kernel(BwdParams const& p) {
   Tensor sV = make_tensor(sK.data() + size(sK), typename T::SmemLayoutKV{});
   Tensor sP = make_tensor(sV.data() + size(sV), typename T::SmemLayoutP{});
   Tensor sdS = make_tensor(sP.data() + size(sP), typename T::SmemLayoutP{});
-  Tensor sQt = make_tensor(sQ.data(), typename T::SmemLayoutQt{});
-  Tensor sdOt = make_tensor(sdO.data(), typename T::SmemLayoutQt{});
-  Tensor sKt = make_tensor(sK.data(), typename T::SmemLayoutKt{});
-  Tensor sPt = make_tensor(sP.data(), typename T::SmemLayoutPt{});
-  Tensor sdSt = make_tensor(sdS.data(), typename T::SmemLayoutPt{});
 
   Tensor cQ = make_identity_tensor(Shape<Int<kBlockM>, Int<kD>>{});
   Tensor cKV = make_identity_tensor(Shape<Int<kBlockN>, Int<kD>>{});
@@ -154,47 +141,59 @@ __device__ __forceinline__ void bwd_kernel(BwdParams const& p) {
   copy_zfill(load, load_thr.partition_S(gV), load_thr.partition_D(sV), tKVcKV, p.seqlen_k - col0, T::kHeadDim);
   cp_async_fence();
 
-  // S and dP: A = Q / dO, B = K / V, both k-major.
-  typename T::MmaSdP mma_sdp;
+  // Operand fragments (the MMAs' own layouts; a transposed operand's fragment only needs its shape).
+  auto shaped = [](auto shape) {
+    return make_tensor(make_smem_ptr(static_cast<Element*>(nullptr)), make_layout(shape));
+  };
+  typename T::MmaSdP mma_sdp;  // S and dP: A = Q / dO, B = K / V, both k-major
   auto thr_sdp = mma_sdp.get_thread_slice(tidx);
-  Tensor tSrQ = thr_sdp.partition_fragment_A(sQ(_, _, 0));
+  Tensor tSrQ = thr_sdp.partition_fragment_A(sQ(_, _, 0));  // (MMA, MMA_M, MMA_K)
   Tensor tSrK = thr_sdp.partition_fragment_B(sK);
   Tensor tdPrdO = thr_sdp.partition_fragment_A(sdO(_, _, 0));
   Tensor tdPrV = thr_sdp.partition_fragment_B(sV);
-  auto copy_sdp_a = make_tiled_copy_A(typename T::LdsmN{}, mma_sdp);
-  auto copy_sdp_b = make_tiled_copy_B(typename T::LdsmN{}, mma_sdp);
-  Tensor tSsQ = copy_sdp_a.get_thread_slice(tidx).partition_S(sQ);  // (CPY, CPY_M, CPY_K, stage)
-  Tensor tdPsdO = copy_sdp_a.get_thread_slice(tidx).partition_S(sdO);
-  Tensor tSsK = copy_sdp_b.get_thread_slice(tidx).partition_S(sK);
-  Tensor tdPsV = copy_sdp_b.get_thread_slice(tidx).partition_S(sV);
-
-  // dV and dK: A = P^T / dS^T, B = dO^T / Q^T, all read transposed.
-  typename T::MmadKV mma_dkv;
+  typename T::MmadKV mma_dkv;  // dV and dK: A = P^T / dS^T, B = dO^T / Q^T, all read transposed
   auto thr_dkv = mma_dkv.get_thread_slice(tidx);
+  Tensor sPt = shaped(Shape<Int<kBlockN>, Int<kBlockM>>{});  // P^T and dS^T
+  Tensor sQt = shaped(Shape<Int<kD>, Int<kBlockM>>{});       // Q^T and dO^T
   Tensor tdVrPt = thr_dkv.partition_fragment_A(sPt);
-  Tensor tdVrdOt = thr_dkv.partition_fragment_B(sdOt(_, _, 0));
-  Tensor tdKrdSt = thr_dkv.partition_fragment_A(sdSt);
-  Tensor tdKrQt = thr_dkv.partition_fragment_B(sQt(_, _, 0));
-  auto copy_dkv_a = make_tiled_copy_A(typename T::LdsmT{}, mma_dkv);
-  auto copy_dkv_b = make_tiled_copy_B(typename T::LdsmT{}, mma_dkv);
-  Tensor tdVsPt = copy_dkv_a.get_thread_slice(tidx).partition_S(sPt);
-  Tensor tdKsdSt = copy_dkv_a.get_thread_slice(tidx).partition_S(sdSt);
-  Tensor tdVsdOt = copy_dkv_b.get_thread_slice(tidx).partition_S(sdOt);  // (CPY, CPY_N, CPY_K, stage)
-  Tensor tdKsQt = copy_dkv_b.get_thread_slice(tidx).partition_S(sQt);
+  Tensor tdVrdOt = thr_dkv.partition_fragment_B(sQt);
+  Tensor tdKrdSt = thr_dkv.partition_fragment_A(sPt);
+  Tensor tdKrQt = thr_dkv.partition_fragment_B(sQt);
   Tensor acc_dk = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kD>>{});
   Tensor acc_dv = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kD>>{});
   clear(acc_dk);
   clear(acc_dv);
-
-  // dQ: A = dS (k-major), B = K^T (read transposed).
-  typename T::MmadQ mma_dq;
+  typename T::MmadQ mma_dq;  // dQ: A = dS (k-major), B = K^T (read transposed)
   auto thr_dq = mma_dq.get_thread_slice(tidx);
   Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);
-  Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);
-  auto copy_dq_a = make_tiled_copy_A(typename T::LdsmN{}, mma_dq);
-  auto copy_dq_b = make_tiled_copy_B(typename T::LdsmT{}, mma_dq);
-  Tensor tdQsdS = copy_dq_a.get_thread_slice(tidx).partition_S(sdS);
-  Tensor tdQsKt = copy_dq_b.get_thread_slice(tidx).partition_S(sKt);
+  Tensor tdQrKt = thr_dq.partition_fragment_B(shaped(Shape<Int<kD>, Int<kBlockN>>{}));
+
+  // ldmatrix addresses (sm80_ldsm.cuh): per operand one thread offset (holding the warp's column offset
+  // where the operand is read transposed) plus warp-uniform bases (the shuffle makes the warp index visibly
+  // uniform). Warp w of a TiledMMA with wm warps along M is (w % wm, w / wm).
+  using LdsmQ = LdsmTile<kD, kBlockM>;   // Q and dO, per stage
+  using LdsmKV = LdsmTile<kD, kBlockN>;  // K and V
+  using LdsmP = LdsmTile<kBlockN, kBlockM>;  // P and dS
+  constexpr int kWmS = T::kWarpsMSdP, kWnS = T::kNWarps / kWmS;
+  constexpr int kWmKV = T::kWarpsNdKV, kWnKV = T::kNWarps / kWmKV;
+  constexpr int kWmQ = T::kWarpsMdQ, kWnQ = T::kNWarps / kWmQ;
+  constexpr uint32_t kStageBytes = kBlockM * kD * sizeof(Element);
+  const int warp = __shfl_sync(0xffffffff, tidx / 32, 0);
+  auto smem_addr = [](auto const& t) { return cast_smem_ptr_to_uint(raw_pointer_cast(t.data())); };
+  const uint32_t q_addr = smem_addr(sQ), do_addr = smem_addr(sdO), p_addr = smem_addr(sP), ds_addr = smem_addr(sdS);
+  const uint32_t k_addr = smem_addr(sK), v_addr = smem_addr(sV);
+  // S and dP: A rows and B n8 tiles (8 kWnS rows apart) get their warp offsets from the bases.
+  const uint32_t lane_q = LdsmQ::lane_offset(tidx);
+  const uint32_t off_kv = LdsmKV::template thread_offset<8 * kWnS, 8, true>(tidx);
+  const uint32_t q_row = 16 * (warp % kWmS) * LdsmQ::kRowBytes;
+  const uint32_t kv_row = 8 * (warp / kWmS) * LdsmKV::kRowBytes;
+  // dQ: dS rows from the base; K^T's n8 tiles (8 kWnQ columns apart) from the thread offset.
+  const uint32_t lane_p = LdsmP::lane_offset(tidx);
+  const uint32_t ds_row = 16 * (warp % kWmQ) * LdsmP::kRowBytes;
+  const uint32_t off_kt = LdsmKV::template thread_offset<8, 8 * kWnQ>(tidx, 0, 8 * (warp / kWmQ));
+  // dV and dK: the M tiles of P^T / dS^T and the n8 tiles of dO^T / Q^T are columns of their smem tiles.
+  const uint32_t off_pt = LdsmP::template thread_offset<8, 8, true>(tidx, 0, 16 * (warp % kWmKV));
+  const uint32_t off_qt = LdsmQ::template thread_offset<8, 8 * kWnKV>(tidx, 0, 8 * (warp / kWmKV));
 
   // P and dS leave registers for smem through the S accumulator's layout.
   auto copy_p = make_tiled_copy_C(typename T::StoreC{}, mma_sdp);
@@ -252,7 +251,11 @@ __device__ __forceinline__ void bwd_kernel(BwdParams const& p) {
 
       Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
       clear(acc_s);
-      gemm_smem<false>(acc_s, tSrQ, tSrK, tSsQ(_, _, _, stage), tSsK, mma_sdp, copy_sdp_a, copy_sdp_b, tidx);
+      const uint32_t q_stage = q_addr + stage * kStageBytes, do_stage = do_addr + stage * kStageBytes;
+      gemm_pipelined(
+          acc_s, tSrQ, tSrK, mma_sdp,
+          [&](int i) { LdsmQ::template load_a<16 * kWmS>(tSrQ, q_stage + q_row, lane_q, i); },
+          [&](int i, int n) { LdsmKV::template load_b<8 * kWnS, true>(tSrK, k_addr + kv_row, off_kv, i, n); });
       Tensor s = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));
       Tensor dtanh = make_fragment_like(s);  // 1 - tanh^2 of the capped scores (softcap only)
       if constexpr (T::kSoftcap) {
@@ -277,7 +280,10 @@ __device__ __forceinline__ void bwd_kernel(BwdParams const& p) {
 
       Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
       clear(acc_dp);
-      gemm_smem<false>(acc_dp, tdPrdO, tdPrV, tdPsdO(_, _, _, stage), tdPsV, mma_sdp, copy_sdp_a, copy_sdp_b, tidx);
+      gemm_pipelined(
+          acc_dp, tdPrdO, tdPrV, mma_sdp,
+          [&](int i) { LdsmQ::template load_a<16 * kWmS>(tdPrdO, do_stage + q_row, lane_q, i); },
+          [&](int i, int n) { LdsmKV::template load_b<8 * kWnS, true>(tdPrV, v_addr + kv_row, off_kv, i, n); });
       Tensor ds = make_tensor(acc_dp.data(), acc_rowcol(acc_dp.layout()));
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) {
@@ -293,7 +299,10 @@ __device__ __forceinline__ void bwd_kernel(BwdParams const& p) {
 
       Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kD>>{});
       clear(acc_dq);
-      gemm_smem<false>(acc_dq, tdQrdS, tdQrKt, tdQsdS, tdQsKt, mma_dq, copy_dq_a, copy_dq_b, tidx);
+      gemm_pipelined(
+          acc_dq, tdQrdS, tdQrKt, mma_dq,
+          [&](int i) { LdsmP::template load_a<16 * kWmQ>(tdQrdS, ds_addr + ds_row, lane_p, i); },
+          [&](int i, int n) { LdsmKV::template load_bt<8 * kWnQ>(tdQrKt, k_addr, off_kt, i, n); });
       Tensor tdQgdQ = thr_dq.partition_C(make_tensor(make_gmem_ptr(dq_acc_ptr + int64_t(row0) * kD),
                                                      Shape<Int<kBlockM>, Int<kD>>{}, Stride<Int<kD>, _1>{}));
       int* semaphore = nullptr;
@@ -317,10 +326,14 @@ __device__ __forceinline__ void bwd_kernel(BwdParams const& p) {
         }
       }
 
-      gemm_smem<false>(acc_dv, tdVrPt, tdVrdOt, tdVsPt, tdVsdOt(_, _, _, stage), mma_dkv, copy_dkv_a, copy_dkv_b,
-                       tidx);
-      gemm_smem<false>(acc_dk, tdKrdSt, tdKrQt, tdKsdSt, tdKsQt(_, _, _, stage), mma_dkv, copy_dkv_a, copy_dkv_b,
-                       tidx);
+      gemm_pipelined(
+          acc_dv, tdVrPt, tdVrdOt, mma_dkv,
+          [&](int i) { LdsmP::template load_at<16 * kWmKV>(tdVrPt, p_addr, off_pt, i); },
+          [&](int i, int n) { LdsmQ::template load_bt<8 * kWnKV>(tdVrdOt, do_stage, off_qt, i, n); });
+      gemm_pipelined(
+          acc_dk, tdKrdSt, tdKrQt, mma_dkv,
+          [&](int i) { LdsmP::template load_at<16 * kWmKV>(tdKrdSt, ds_addr, off_pt, i); },
+          [&](int i, int n) { LdsmQ::template load_bt<8 * kWnKV>(tdKrQt, q_stage, off_qt, i, n); });
       __syncthreads();  // every warp is done with P, dS and this Q/dO stage before they are overwritten
     }
   }

@@ -1,5 +1,5 @@
-// Building blocks of the portable (mma.sync + ldmatrix + cp.async) kernels: fragment layouts, the
-// smem->register GEMM loop, predicated zero-filling tile loads, and warp-quad reductions.
+// Building blocks of the portable (mma.sync + ldmatrix + cp.async) kernels: fragment layouts, predicated
+// zero-filling tile loads, and warp-quad reductions.
 #pragma once
 #include <cute/tensor.hpp>
 #include <cute/atom/mma_atom.hpp>
@@ -51,43 +51,6 @@ __device__ __forceinline__ auto convert_to(Tensor<Engine, Layout> const& t) {
   CUTE_UNROLL
   for (int i = 0; i < size(t); ++i) out(i) = static_cast<To>(t(i));
   return out;
-}
-
-// acc += A * B over the k-mode, feeding the tensor cores from smem through ldmatrix one k-slice ahead, so
-// the load of slice i+1 overlaps the MMAs of slice i. With kAInRegs the A fragments are already loaded.
-template <bool kAInRegs, class Acc, class RA, class RB, class SA, class SB, class Mma, class CopyA, class CopyB>
-__device__ __forceinline__ void gemm_smem(Acc& acc, RA& rA, RB& rB, SA const& sA, SB const& sB, Mma const& mma,
-                                          CopyA const& copy_a, CopyB const& copy_b, int tidx) {
-  auto thr_a = copy_a.get_thread_slice(tidx);
-  auto thr_b = copy_b.get_thread_slice(tidx);
-  Tensor rA_view = thr_a.retile_D(rA);
-  Tensor rB_view = thr_b.retile_D(rB);
-  constexpr int K = decltype(size<2>(rA))::value;
-  if constexpr (!kAInRegs) copy(copy_a, sA(_, _, 0), rA_view(_, _, 0));
-  copy(copy_b, sB(_, _, 0), rB_view(_, _, 0));
-  CUTE_UNROLL
-  for (int i = 0; i < K; ++i) {
-    if (i + 1 < K) {
-      if constexpr (!kAInRegs) copy(copy_a, sA(_, _, i + 1), rA_view(_, _, i + 1));
-      copy(copy_b, sB(_, _, i + 1), rB_view(_, _, i + 1));
-    }
-    cute::gemm(mma, rA(_, _, i), rB(_, _, i), acc);
-  }
-}
-
-// acc += A * B with A already in registers (the P tile) and B streamed from smem.
-template <class Acc, class RA, class RB, class SB, class Mma, class CopyB>
-__device__ __forceinline__ void gemm_reg_smem(Acc& acc, RA const& rA, RB& rB, SB const& sB, Mma const& mma,
-                                              CopyB const& copy_b, int tidx) {
-  auto thr_b = copy_b.get_thread_slice(tidx);
-  Tensor rB_view = thr_b.retile_D(rB);
-  constexpr int K = decltype(size<2>(rA))::value;
-  copy(copy_b, sB(_, _, 0), rB_view(_, _, 0));
-  CUTE_UNROLL
-  for (int i = 0; i < K; ++i) {
-    if (i + 1 < K) copy(copy_b, sB(_, _, i + 1), rB_view(_, _, i + 1));
-    cute::gemm(mma, rA(_, _, i), rB(_, _, i), acc);
-  }
 }
 
 // cp.async a partitioned gmem tile into smem, zero-filling every 16-byte vector whose (row, col) lies outside
