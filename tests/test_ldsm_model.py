@@ -115,13 +115,15 @@ def test_ldsm_addresses_match_cute_fragments(d, bm, bn, warps, stages):
             for lane, h, e in itertools.product(range(32), range(4), range(2)):
                 r, c = mma_a(lane, (e, h % 2, h // 2))
                 assert got[lane][h][e] == expect(bm, 16 * warp + 16 * warps * m + r, 16 * i + c, 0, 0)
-        # K (B operand from [n][k] rows, tSrK): load_b, matrices to registers (n, k), (n+1, k), (n, k+8), (n+1, k+8).
+        # K (B operand from [n][k] rows, tSrK): load_b<8, true> from the column-first thread offset, matrices to
+        # registers (n, k), (n, k+8), (n+1, k), (n+1, k+8): fragment order.
         k_addr = k_base + stage * stage_bytes
+        k_lanes = [kv_tile.thread_offset(32 * warp + lane, col_first=True) for lane in range(32)]
         for n in range(0, bn // 8, 2):
-            got = ldmatrix([k_addr + kv_tile.block(lane, 8 * n, 16 * i) for lane in lanes], trans=False)
+            got = ldmatrix([k_addr + kv_tile.block(lane, 8 * n, 16 * i) for lane in k_lanes], trans=False)
             for lane, q, e in itertools.product(range(32), range(4), range(2)):
-                nn, kk = mma_b(lane, (e, q // 2))
-                assert got[lane][q][e] == expect(bn, 8 * (n + q % 2) + nn, 16 * i + kk, stage, k_base)
+                nn, kk = mma_b(lane, (e, q % 2))
+                assert got[lane][q][e] == expect(bn, 8 * (n + q // 2) + nn, 16 * i + kk, stage, k_base)
     # V (B operand from [k][n] rows, tOrVt): k-slices over keys, n-tiles over the head dim; load_bt, matrices to
     # registers (n, k), (n, k+8), (n+1, k), (n+1, k+8).
     v_addr = v_base + stage * stage_bytes

@@ -160,6 +160,8 @@ __device__ __forceinline__ void fwd_kernel(FwdParams const& p) {
   static_assert(LdsmQ::kRowBytes == LdsmKV::kRowBytes);
   constexpr int kStageBytes = kBlockN * kD * int(sizeof(Element));
   const uint32_t lane_off = LdsmKV::lane_offset(tidx);
+  // K's ldmatrix swaps matrices 1 and 2 so the registers of its two n8 tiles land in fragment order (no moves).
+  const uint32_t k_lane_off = LdsmKV::template thread_offset<8, 8, true>(tidx);
   const int warp = __shfl_sync(0xffffffff, tidx / 32, 0);
   const uint32_t q_base = cast_smem_ptr_to_uint(raw_pointer_cast(sQ.data())) + warp * 16 * LdsmQ::kRowBytes;
   const uint32_t k_base0 = cast_smem_ptr_to_uint(raw_pointer_cast(sK.data()));
@@ -244,7 +246,7 @@ __device__ __forceinline__ void fwd_kernel(FwdParams const& p) {
         [&](int i) {
           if constexpr (!T::kQInRegs) load_q(i);
         },
-        [&](int i, int n) { LdsmKV::load_b(tSrK, k_base, lane_off, i, n); });
+        [&](int i, int n) { LdsmKV::template load_b<8, true>(tSrK, k_base, k_lane_off, i, n); });
     if constexpr (T::kStages == 1 && !T::kLateVWait) wait_v_load_next_k(n);
 
     Tensor s = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));
