@@ -1,10 +1,21 @@
-"""The float64 reference of flash_attn's attention semantics, shared by the GPU tests."""
+"""The float64 reference of flash_attn's attention semantics and the case vocabulary shared by the GPU tests."""
 
 from __future__ import annotations
 
 import os
 
 import torch
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+MASKS = {  # name -> (causal, window_size): every mask kind, windows that cut on one side, both, and (0, 0)
+    "none": (False, (-1, -1)),
+    "causal": (True, (-1, -1)),
+    "win32_0": (False, (32, 0)),
+    "winInf_17": (False, (-1, 17)),
+    "win64_64": (False, (64, 64)),
+    "win0_0": (False, (0, 0)),
+}
+SOFTCAP = 30.0
 
 
 def attention_ref(

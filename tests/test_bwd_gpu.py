@@ -17,20 +17,9 @@ import torch
 from flash_gen import flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
 from flash_gen.validate import validate_fwd
 
-from attn_reference import attention_ref, fresh_seed
+from attn_reference import DTYPES, MASKS, SOFTCAP, attention_ref, fresh_seed
 
 pytestmark = pytest.mark.gpu
-
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-MASKS = {  # name -> (causal, window_size)
-    "none": (False, (-1, -1)),
-    "causal": (True, (-1, -1)),
-    "win32_0": (False, (32, 0)),
-    "winInf_17": (False, (-1, 17)),
-    "win64_64": (False, (64, 64)),
-    "win0_0": (False, (0, 0)),
-}
-SOFTCAP = 30.0
 
 
 @dataclass(frozen=True)

@@ -17,25 +17,15 @@ import torch
 from flash_gen import flash_attn_func
 from flash_gen.validate import validate_fwd
 
-from attn_reference import attention_ref, fresh_seed
+from attn_reference import DTYPES, MASKS, SOFTCAP, attention_ref, fresh_seed
 
 pytestmark = pytest.mark.gpu
 
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 HEAD_DIMS = (8, 32, 64, 72, 80, 96, 128, 160, 192, 256)
 SEQLENS = ((1, 1), (113, 203), (128, 217), (256, 512), (512, 256), (1024, 1024), (108, 256), (799, 3))
 BATCHES = (1, 7)
 HEADS = ((6, 6), (6, 2), (6, 1))
-MASKS = {  # name -> (causal, window_size)
-    "none": (False, (-1, -1)),
-    "causal": (True, (-1, -1)),
-    "win32_0": (False, (32, 0)),
-    "winInf_17": (False, (-1, 17)),
-    "win64_64": (False, (64, 64)),
-    "win0_0": (False, (0, 0)),
-}
 FEATURES = ("plain", "softcap", "alibi_h", "alibi_bh")  # alibi_h: slopes (nheads,); alibi_bh: (batch, nheads)
-SOFTCAP = 30.0
 
 
 @dataclass(frozen=True)

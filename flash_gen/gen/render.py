@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import jinja2
 
@@ -49,46 +49,37 @@ def render_fwd_many(variants: Sequence[tuple[FwdKey, FwdConfig]]) -> str:
     """One translation unit holding every (key, config) in `variants`, each its own extern "C" kernel. Variants
     sharing a head dim and tiling share most template instantiations, so compiling them together costs little
     more than compiling one. Raises ValueError for an infeasible pair."""
-    items = []
-    for i, (key, cfg) in enumerate(variants):
-        why = infeasible_reason(key, cfg)
-        if why is not None:
-            raise ValueError(f"{cfg.name} cannot be built for {key.name}: {why}")
-        items.append(
-            {
-                "key": key,
-                "cfg": cfg,
-                "traits": f"Traits{i}",
-                "entry": entry_name(key, cfg),
-                "element": _ELEMENT[key.dtype],
-                "mask": _MASK[key.mask],
-                "smem_bytes": smem_bytes(key, cfg),
-            }
-        )
+    items = _items(variants, infeasible_reason, lambda key, cfg: {"smem_bytes": smem_bytes(key, cfg)})
     return _env().get_template("fwd_sm80.cu.j2").render(variants=items)
 
 
 def render_bwd_many(variants: Sequence[tuple[BwdKey, BwdConfig]]) -> str:
     """One translation unit holding the main backward kernel of every (key, config) in `variants`. Raises
     ValueError for an infeasible pair."""
+    items = _items(variants, bwd_infeasible_reason, lambda key, cfg: {
+        "head_dim_mma": bwd_head_dim_mma(key, cfg),
+        "smem_bytes": bwd_smem_bytes(key, cfg),
+    })
+    return _env().get_template("bwd_sm80.cu.j2").render(variants=items)
+
+
+def _items(variants: Sequence[tuple], infeasible: Callable, extra: Callable) -> list[dict]:
+    """Template values of each (key, config): the fields every kernel template uses plus `extra(key, cfg)`."""
     items = []
     for i, (key, cfg) in enumerate(variants):
-        why = bwd_infeasible_reason(key, cfg)
+        why = infeasible(key, cfg)
         if why is not None:
             raise ValueError(f"{cfg.name} cannot be built for {key.name}: {why}")
-        items.append(
-            {
-                "key": key,
-                "cfg": cfg,
-                "traits": f"Traits{i}",
-                "entry": entry_name(key, cfg),
-                "element": _ELEMENT[key.dtype],
-                "mask": _MASK[key.mask],
-                "head_dim_mma": bwd_head_dim_mma(key, cfg),
-                "smem_bytes": bwd_smem_bytes(key, cfg),
-            }
-        )
-    return _env().get_template("bwd_sm80.cu.j2").render(variants=items)
+        items.append({
+            "key": key,
+            "cfg": cfg,
+            "traits": f"Traits{i}",
+            "entry": entry_name(key, cfg),
+            "element": _ELEMENT[key.dtype],
+            "mask": _MASK[key.mask],
+            **extra(key, cfg),
+        })
+    return items
 
 
 def render_bwd(key: BwdKey, cfg: BwdConfig) -> str:

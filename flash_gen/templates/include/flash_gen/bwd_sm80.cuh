@@ -55,12 +55,8 @@ struct BwdTraits {
       2 * kStages * kBlockM * kHeadDimMma + 2 * kBlockN * kHeadDimMma + 2 * kBlockM * kBlockN;
   static constexpr int kSmemBytes = kSmemElems * int(sizeof(Element));
 
-  using GmemThreads = Layout<Shape<Int<kNThreads / Smem::kThreadsPerRow>, Int<Smem::kThreadsPerRow>>,
-                             Stride<Int<Smem::kThreadsPerRow>, _1>>;
-  using GmemLoad = decltype(make_tiled_copy(Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>, Element>{},
-                                            GmemThreads{}, Layout<Shape<_1, _8>>{}));
-  using GmemStore = decltype(make_tiled_copy(Copy_Atom<UniversalCopy<uint128_t>, Element>{}, GmemThreads{},
-                                             Layout<Shape<_1, _8>>{}));
+  using GmemLoad = typename GmemCopy<Element, kNThreads, kHeadDimMma>::Load;
+  using GmemStore = typename GmemCopy<Element, kNThreads, kHeadDimMma>::Store;
   using StoreC = Copy_Atom<AutoVectorizingCopyWithAssumedAlignment<32>, Element>;
 };
 

@@ -46,12 +46,8 @@ struct FwdTraits {
   static constexpr int kSmemElems = kBlockM * kHeadDimMma + 2 * kStages * kBlockN * kHeadDimMma;
   static constexpr int kSmemBytes = kSmemElems * int(sizeof(Element));
 
-  using GmemThreads = Layout<Shape<Int<kNThreads / Smem::kThreadsPerRow>, Int<Smem::kThreadsPerRow>>,
-                             Stride<Int<Smem::kThreadsPerRow>, _1>>;
-  using GmemLoad = decltype(make_tiled_copy(Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>, Element>{},
-                                            GmemThreads{}, Layout<Shape<_1, _8>>{}));
-  using GmemStore = decltype(make_tiled_copy(Copy_Atom<UniversalCopy<uint128_t>, Element>{}, GmemThreads{},
-                                             Layout<Shape<_1, _8>>{}));
+  using GmemLoad = typename GmemCopy<Element, kNThreads, kHeadDimMma>::Load;
+  using GmemStore = typename GmemCopy<Element, kNThreads, kHeadDimMma>::Store;
 };
 
 template <class T>
@@ -320,17 +316,8 @@ __device__ __forceinline__ void fwd_kernel(FwdParams const& p) {
 
   typename T::GmemStore store;
   auto store_thr = store.get_thread_slice(tidx);
-  Tensor tOsO = store_thr.partition_S(sO);
-  Tensor tOgO = store_thr.partition_D(gO);
-  Tensor tOcO = store_thr.partition_D(cQ);
-  CUTE_UNROLL
-  for (int m = 0; m < size<1>(tOgO); ++m) {
-    if (get<0>(tOcO(0, m, 0)) >= q_rows) continue;
-    CUTE_UNROLL
-    for (int k = 0; k < size<2>(tOgO); ++k) {
-      if (get<1>(tOcO(0, m, k)) < T::kHeadDim) copy(store, tOsO(_, m, k), tOgO(_, m, k));
-    }
-  }
+  copy_predicated(store, store_thr.partition_S(sO), store_thr.partition_D(gO), store_thr.partition_D(cQ), q_rows,
+                  T::kHeadDim);
 }
 
 }  // namespace flash_gen

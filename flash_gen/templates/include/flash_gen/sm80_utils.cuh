@@ -27,6 +27,19 @@ struct SmemTile {
   static constexpr int kThreadsPerRow = kAtomCols / 8;
 };
 
+// 16-byte global<->smem copies of a (rows x Cols) row-major tile stored with SmemTile<Cols>'s swizzle: each group
+// of threads covers one swizzle-atom row, a pass of all threads covers kNThreads / kThreadsPerRow rows. Load is
+// cp.async with zero-fill (see copy_zfill), Store plain 16-byte stores (see copy_predicated).
+template <class Element, int kNThreads, int Cols>
+struct GmemCopy {
+  static constexpr int kThreadsPerRow = SmemTile<Cols>::kThreadsPerRow;
+  using Threads = Layout<Shape<Int<kNThreads / kThreadsPerRow>, Int<kThreadsPerRow>>, Stride<Int<kThreadsPerRow>, _1>>;
+  using Load = decltype(make_tiled_copy(Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>, Element>{}, Threads{},
+                                        Layout<Shape<_1, _8>>{}));
+  using Store = decltype(make_tiled_copy(Copy_Atom<UniversalCopy<uint128_t>, Element>{}, Threads{},
+                                         Layout<Shape<_1, _8>>{}));
+};
+
 // View an MMA accumulator ((2,2), MMA_M, MMA_N) as (rows, cols) = ((2, MMA_M), (2, MMA_N)).
 template <class Layout>
 __device__ __forceinline__ auto acc_rowcol(Layout const& l) {
