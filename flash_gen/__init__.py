@@ -6,7 +6,14 @@ compiler side (spec, gen, build) imports without torch, and nothing touches CUDA
 
 from flash_gen.version import FLASH_GEN_VERSION as __version__
 
-_API = ("flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func")
+_API = (
+    "flash_attn_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_qkvpacked_func",
+    "flash_attn_varlen_func",
+    "flash_attn_varlen_kvpacked_func",
+    "flash_attn_varlen_qkvpacked_func",
+)
 __all__ = [*_API, "__version__"]
 
 

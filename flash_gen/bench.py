@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         print("flash-gen bench needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
         return 2
-    timer_name, timer = _timer()
+    timer_name, timer = median_timer()
     impls = {"flash_gen": (contextlib.nullcontext, _flash_gen)}
     for name in args.configs:
         if args.direction == "fwd":
@@ -214,7 +214,7 @@ def _max_abs_diff(qkv: tuple[torch.Tensor, ...], causal: bool) -> float | None:
         return None
 
 
-def _timer() -> tuple[str, Callable[[Callable[[], object]], float]]:
+def median_timer() -> tuple[str, Callable[[Callable[[], object]], float]]:
     """Median milliseconds per call: triton's do_bench when triton is installed, else CUDA events."""
     try:
         from triton.testing import do_bench

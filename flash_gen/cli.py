@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import os
 import sys
 import time
@@ -97,7 +98,8 @@ def _variants(args: argparse.Namespace) -> list[tuple]:
     """Selected keys (forward and/or backward) x (their default config, or each --configs tiling of that
     direction that is feasible for the key)."""
     out = []
-    for fwd in spec.enumerate_keys(args.arch, args.dtype, args.hdim, args.mask, ((args.softcap, args.alibi),)):
+    for arch, dtype, hdim, mask in itertools.product(args.arch, args.dtype, args.hdim, args.mask):
+        fwd = spec.FwdKey(arch, dtype, hdim, mask, args.softcap, args.alibi, args.varlen)
         if "fwd" in args.direction:
             out += _with_configs(fwd, spec.default_config, spec.config_from_name, spec.infeasible_reason, args)
         if "bwd" in args.direction:
@@ -228,6 +230,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--mask", type=_csv(str, spec.MASKS), default=spec.MASKS, help="comma list (default: all)")
     p.add_argument("--softcap", action="store_true", help="compile the softcap variants")
     p.add_argument("--alibi", action="store_true", help="compile the ALiBi variants")
+    p.add_argument("--varlen", action="store_true", help="compile the packed ragged-batch (cu_seqlens) variants")
     p.add_argument("--direction", type=_csv(str, ("fwd", "bwd")), default=("fwd",),
                    help="fwd, bwd or fwd,bwd (default: fwd)")
     p.add_argument("--deterministic", action="store_true", help="backward kernels with ordered dQ accumulation")

@@ -2,7 +2,9 @@
 
 Three forward ops take q/k/v separately, k and v packed (kv: (b, sk, 2, hk, d)) or all three packed
 (qkv: (b, s, 3, h, d)); each has a backward op whose gradient has the same packing, written by the kernels
-straight into one allocation (no stack/cat copy, no zero fill). torch.compile traces the ops as opaque nodes
+straight into one allocation (no stack/cat copy, no zero fill). Given cu_seqlens_q/k (int32, batch + 1 row
+offsets), every op takes a ragged batch packed along one row axis instead: q (total_q, h, d), kv
+(total_k, 2, hk, d), qkv (total, 3, h, d), and softmax_lse is (h, total_q), as in flash_attn's varlen API. torch.compile traces the ops as opaque nodes
 through their fake kernels, so a compiled graph runs exactly the kernels the eager call runs.
 
 Every argument is validated inside the real implementations, on real tensors and before any launch; the public
@@ -16,82 +18,95 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from flash_gen.validate import FwdArgs, check_bwd, check_packed, validate_fwd
+from flash_gen.validate import FwdArgs, check_bwd, check_packed, lse_shape, validate_fwd
 
-# Trailing arguments every op takes, in this order: the attention's semantics plus the backward's dQ order.
+# Trailing arguments every op takes, in this order: the ragged-batch offsets, the attention's semantics and the
+# backward's dQ order. cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
 # softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int, softcap: float,
 # alibi_slopes: Optional[Tensor], deterministic: bool
 
 
-def _validated(q: Tensor, k: Tensor, v: Tensor, softmax_scale, causal, window_left, window_right, softcap,
-               alibi_slopes) -> FwdArgs:
-    return validate_fwd(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=(window_left, window_right),
-                        softcap=softcap, alibi_slopes=alibi_slopes)
+def _validated(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left,
+               window_right, softcap, alibi_slopes) -> FwdArgs:
+    return validate_fwd(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, softmax_scale=softmax_scale,
+                        causal=causal, window_size=(window_left, window_right), softcap=softcap,
+                        alibi_slopes=alibi_slopes)
 
 
-def _runtime_kwargs(args: FwdArgs, alibi_slopes: Optional[Tensor]) -> dict:
+def _runtime_kwargs(args: FwdArgs, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
+                    alibi_slopes: Optional[Tensor]) -> dict:
     return dict(softmax_scale=args.softmax_scale, causal=args.causal, window_size=args.window_size,
-                softcap=args.softcap, alibi_slopes=alibi_slopes)
+                softcap=args.softcap, alibi_slopes=alibi_slopes, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
 
 
-def _forward(q: Tensor, k: Tensor, v: Tensor, softmax_scale, causal, window_left, window_right, softcap,
-             alibi_slopes) -> tuple[Tensor, Tensor]:
-    args = _validated(q, k, v, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes)
+def _forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left,
+             window_right, softcap, alibi_slopes) -> tuple[Tensor, Tensor]:
+    args = _validated(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right, softcap,
+                      alibi_slopes)
     if args.empty:
         return empty_outputs(q, args)
     from flash_gen.runtime.fwd import attention_fwd
 
-    return attention_fwd(q, k, v, **_runtime_kwargs(args, alibi_slopes))
+    return attention_fwd(q, k, v, **_runtime_kwargs(args, cu_seqlens_q, cu_seqlens_k, alibi_slopes))
 
 
 def empty_outputs(q: Tensor, args: FwdArgs) -> tuple[Tensor, Tensor]:
     """(out, softmax_lse) when seqlen_q or seqlen_k is 0: rows that see no key output 0, lse +inf."""
     out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.full((args.batch, args.nheads, args.seqlen_q), float("inf"), dtype=torch.float32, device=q.device)
+    lse = torch.full(lse_shape(q, args.varlen), float("inf"), dtype=torch.float32, device=q.device)
     return out, lse
 
 
 def _backward_into(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dq: Tensor, dk: Tensor,
                    dv: Tensor, *attn) -> None:
-    softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, deterministic = attn
-    args = _validated(q, k, v, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes)
-    dout = check_bwd(dout, q, out, lse, deterministic)
+    cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, det = attn
+    args = _validated(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right, softcap,
+                      alibi_slopes)
+    dout = check_bwd(dout, q, out, lse, det, args.varlen)
     if args.empty:
         for g in (dq, dk, dv):
             g.zero_()
         return
     from flash_gen.runtime.bwd import attention_bwd
 
-    attention_bwd(dout, q, k, v, out, lse, dq, dk, dv, deterministic=deterministic,
-                  **_runtime_kwargs(args, alibi_slopes))
+    attention_bwd(dout, q, k, v, out, lse, dq, dk, dv, deterministic=det,
+                  **_runtime_kwargs(args, cu_seqlens_q, cu_seqlens_k, alibi_slopes))
 
 
-def _fake_lse(q: Tensor) -> Tensor:
-    b, s, h, _ = q.shape
-    return q.new_empty((b, h, s), dtype=torch.float32)
+def _fake_outputs(q: Tensor, cu_seqlens_q: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    return out, q.new_empty(lse_shape(q, cu_seqlens_q is not None), dtype=torch.float32)
+
+
+def _parts(packed: Tensor, n: int) -> tuple[Tensor, ...]:
+    """Views of the n tensors packed along dim -3 (kv: n=2, qkv: n=3; dense or varlen)."""
+    return tuple(packed.select(-3, i) for i in range(n))
 
 
 # --- separate q, k, v -------------------------------------------------------------------------------------
 
 
 @torch.library.custom_op("flash_gen::fwd", mutates_args=())
-def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional[float], causal: bool, window_left: int,
-        window_right: int, softcap: float, alibi_slopes: Optional[Tensor], deterministic: bool) -> tuple[Tensor, Tensor]:
-    return _forward(q, k, v, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes)
+def fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
+        softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int, softcap: float,
+        alibi_slopes: Optional[Tensor], deterministic: bool) -> tuple[Tensor, Tensor]:
+    return _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right, softcap,
+                    alibi_slopes)
 
 
 @fwd.register_fake
-def _(q, k, v, *attn):
-    return torch.empty_like(q, memory_format=torch.contiguous_format), _fake_lse(q)
+def _(q, k, v, cu_seqlens_q, *attn):
+    return _fake_outputs(q, cu_seqlens_q)
 
 
 @torch.library.custom_op("flash_gen::bwd", mutates_args=())
-def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, softmax_scale: Optional[float],
-        causal: bool, window_left: int, window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
+def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Optional[Tensor],
+        cu_seqlens_k: Optional[Tensor], softmax_scale: Optional[float], causal: bool, window_left: int,
+        window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
         deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
-    _backward_into(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, window_left, window_right, softcap,
-                   alibi_slopes, deterministic)
+    _backward_into(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal,
+                   window_left, window_right, softcap, alibi_slopes, deterministic)
     return dq, dk, dv
 
 
@@ -100,31 +115,32 @@ def _(dout, q, k, v, out, lse, *attn):
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
 
 
-# --- k and v packed: kv (b, sk, 2, hk, d) -----------------------------------------------------------------
+# --- k and v packed: kv (b, sk, 2, hk, d) or (total_k, 2, hk, d) ---------------------------------------------
 
 
 @torch.library.custom_op("flash_gen::fwd_kvpacked", mutates_args=())
-def fwd_kvpacked(q: Tensor, kv: Tensor, softmax_scale: Optional[float], causal: bool, window_left: int,
-                 window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
-                 deterministic: bool) -> tuple[Tensor, Tensor]:
-    check_packed("kv", kv, 2)
-    return _forward(q, kv[:, :, 0], kv[:, :, 1], softmax_scale, causal, window_left, window_right, softcap,
-                    alibi_slopes)
+def fwd_kvpacked(q: Tensor, kv: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
+                 softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int, softcap: float,
+                 alibi_slopes: Optional[Tensor], deterministic: bool) -> tuple[Tensor, Tensor]:
+    check_packed("kv", kv, 2, cu_seqlens_q is not None)
+    return _forward(q, *_parts(kv, 2), cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right,
+                    softcap, alibi_slopes)
 
 
 @fwd_kvpacked.register_fake
-def _(q, kv, *attn):
-    return torch.empty_like(q, memory_format=torch.contiguous_format), _fake_lse(q)
+def _(q, kv, cu_seqlens_q, *attn):
+    return _fake_outputs(q, cu_seqlens_q)
 
 
 @torch.library.custom_op("flash_gen::bwd_kvpacked", mutates_args=())
-def bwd_kvpacked(dout: Tensor, q: Tensor, kv: Tensor, out: Tensor, lse: Tensor, softmax_scale: Optional[float],
-                 causal: bool, window_left: int, window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
+def bwd_kvpacked(dout: Tensor, q: Tensor, kv: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Optional[Tensor],
+                 cu_seqlens_k: Optional[Tensor], softmax_scale: Optional[float], causal: bool, window_left: int,
+                 window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
                  deterministic: bool) -> tuple[Tensor, Tensor]:
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dkv = torch.empty(kv.shape, dtype=kv.dtype, device=kv.device)
-    _backward_into(dout, q, kv[:, :, 0], kv[:, :, 1], out, lse, dq, dkv[:, :, 0], dkv[:, :, 1], softmax_scale,
-                   causal, window_left, window_right, softcap, alibi_slopes, deterministic)
+    _backward_into(dout, q, *_parts(kv, 2), out, lse, dq, *_parts(dkv, 2), cu_seqlens_q, cu_seqlens_k,
+                   softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, deterministic)
     return dq, dkv
 
 
@@ -133,31 +149,30 @@ def _(dout, q, kv, out, lse, *attn):
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, kv))
 
 
-# --- q, k and v packed: qkv (b, s, 3, h, d) ---------------------------------------------------------------
+# --- q, k and v packed: qkv (b, s, 3, h, d) or (total, 3, h, d) -------------------------------------------------
 
 
 @torch.library.custom_op("flash_gen::fwd_qkvpacked", mutates_args=())
-def fwd_qkvpacked(qkv: Tensor, softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int,
-                  softcap: float, alibi_slopes: Optional[Tensor], deterministic: bool) -> tuple[Tensor, Tensor]:
-    check_packed("qkv", qkv, 3)
-    return _forward(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], softmax_scale, causal, window_left, window_right,
+def fwd_qkvpacked(qkv: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
+                  softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int, softcap: float,
+                  alibi_slopes: Optional[Tensor], deterministic: bool) -> tuple[Tensor, Tensor]:
+    check_packed("qkv", qkv, 3, cu_seqlens_q is not None)
+    return _forward(*_parts(qkv, 3), cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right,
                     softcap, alibi_slopes)
 
 
 @fwd_qkvpacked.register_fake
-def _(qkv, *attn):
-    q = qkv[:, :, 0]
-    return torch.empty_like(q, memory_format=torch.contiguous_format), _fake_lse(q)
+def _(qkv, cu_seqlens_q, *attn):
+    return _fake_outputs(qkv.select(-3, 0), cu_seqlens_q)
 
 
 @torch.library.custom_op("flash_gen::bwd_qkvpacked", mutates_args=())
-def bwd_qkvpacked(dout: Tensor, qkv: Tensor, out: Tensor, lse: Tensor, softmax_scale: Optional[float], causal: bool,
-                  window_left: int, window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
-                  deterministic: bool) -> Tensor:
+def bwd_qkvpacked(dout: Tensor, qkv: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Optional[Tensor],
+                  cu_seqlens_k: Optional[Tensor], softmax_scale: Optional[float], causal: bool, window_left: int,
+                  window_right: int, softcap: float, alibi_slopes: Optional[Tensor], deterministic: bool) -> Tensor:
     dqkv = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
-    _backward_into(dout, qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], out, lse, dqkv[:, :, 0], dqkv[:, :, 1],
-                   dqkv[:, :, 2], softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
-                   deterministic)
+    _backward_into(dout, *_parts(qkv, 3), out, lse, *_parts(dqkv, 3), cu_seqlens_q, cu_seqlens_k, softmax_scale,
+                   causal, window_left, window_right, softcap, alibi_slopes, deterministic)
     return dqkv
 
 
@@ -168,18 +183,19 @@ def _(dout, qkv, out, lse, *attn):
 
 # --- autograd -------------------------------------------------------------------------------------------------
 
-_N_ATTN = 7  # trailing non-differentiable arguments
-_ALIBI = 5  # index of alibi_slopes among them
+_N_ATTN = 9  # trailing non-differentiable arguments
+_TENSOR_ARGS = (0, 1, 7)  # cu_seqlens_q, cu_seqlens_k, alibi_slopes among them
 
 
 def _register_autograd(fwd_op, bwd_op, n_inputs: int) -> None:
     """Gradients of `fwd_op`'s first `n_inputs` tensors come from `bwd_op(dout, *inputs, out, lse, *attn)`; the
-    attention arguments get None (alibi_slopes is a buffer, not a parameter)."""
+    attention arguments get None (cu_seqlens and alibi_slopes are buffers, not parameters)."""
 
     def setup_context(ctx, inputs, output):
         attn = list(inputs[n_inputs:])
-        ctx.save_for_backward(*inputs[:n_inputs], *output, attn[_ALIBI])
-        attn[_ALIBI] = None  # tensors travel through save_for_backward only
+        ctx.save_for_backward(*inputs[:n_inputs], *output, *(attn[i] for i in _TENSOR_ARGS))
+        for i in _TENSOR_ARGS:
+            attn[i] = None  # tensors travel through save_for_backward only
         ctx.attn = attn
         ctx.mark_non_differentiable(output[1])  # softmax_lse
         ctx.set_materialize_grads(False)  # else autograd fills a zero gradient for lse: an extra kernel
@@ -187,9 +203,11 @@ def _register_autograd(fwd_op, bwd_op, n_inputs: int) -> None:
     def backward(ctx, dout, _dlse):
         if dout is None:  # the output did not reach the loss
             return (None,) * (n_inputs + _N_ATTN)
-        *inputs, out, lse, alibi_slopes = ctx.saved_tensors
+        saved = ctx.saved_tensors
+        inputs, (out, lse), buffers = saved[:n_inputs], saved[n_inputs : n_inputs + 2], saved[n_inputs + 2 :]
         attn = list(ctx.attn)
-        attn[_ALIBI] = alibi_slopes
+        for i, t in zip(_TENSOR_ARGS, buffers):
+            attn[i] = t
         grads = bwd_op(dout, *inputs, out, lse, *attn)
         grads = grads if isinstance(grads, tuple) else (grads,)
         return (*grads, *(None,) * _N_ATTN)

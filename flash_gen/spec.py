@@ -10,6 +10,7 @@ This module is the root of the dependency order: it must not import torch, cuda 
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass
 from typing import Iterator
@@ -17,6 +18,7 @@ from typing import Iterator
 ARCHS = ("sm80", "sm90", "sm100")
 DTYPES = ("fp16", "bf16")
 MASKS = ("none", "causal", "local")
+_FEATURES = ("softcap", "alibi", "varlen")  # boolean FwdKey fields, in name order
 HEAD_DIMS = tuple(range(8, 257, 8))
 
 # Per-arch limits used to prune configs before compiling (dynamic shared memory per block, in bytes).
@@ -42,6 +44,7 @@ class FwdKey:
     mask: str = "none"  # none | causal | local (sliding window; causal is local(-1, 0) specialised)
     softcap: bool = False
     alibi: bool = False
+    varlen: bool = False  # packed ragged batch: rows found through cu_seqlens (flash_attn_varlen_func)
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
@@ -55,7 +58,7 @@ class FwdKey:
 
     @property
     def name(self) -> str:
-        feats = ("_softcap" if self.softcap else "") + ("_alibi" if self.alibi else "")
+        feats = "".join(f"_{f}" for f in _FEATURES if getattr(self, f))
         return f"fwd_{self.arch}_{self.dtype}_hd{self.head_dim}_{self.mask}{feats}"
 
 
@@ -176,15 +179,12 @@ def enumerate_keys(
     dtypes: tuple[str, ...] = DTYPES,
     head_dims: tuple[int, ...] = HEAD_DIMS,
     masks: tuple[str, ...] = MASKS,
-    features: tuple[tuple[bool, bool], ...] = ((False, False), (True, False), (False, True), (True, True)),
+    varlen: tuple[bool, ...] = (False, True),
 ) -> Iterator[FwdKey]:
-    """The forward key space: every (arch, dtype, head dim, mask, (softcap, alibi)) combination."""
-    for arch in archs:
-        for dtype in dtypes:
-            for hd in head_dims:
-                for mask in masks:
-                    for softcap, alibi in features:
-                        yield FwdKey(arch, dtype, hd, mask, softcap, alibi)
+    """The forward key space: every (arch, dtype, head dim, mask, softcap, alibi, varlen) combination."""
+    for arch, dtype, hd, mask in itertools.product(archs, dtypes, head_dims, masks):
+        for softcap, alibi, packed in itertools.product((False, True), (False, True), varlen):
+            yield FwdKey(arch, dtype, hd, mask, softcap, alibi, packed)
 
 
 def enumerate_configs(key: FwdKey) -> Iterator[FwdConfig]:
@@ -209,10 +209,10 @@ def key_from_name(name: str) -> FwdKey:
     if len(parts) < 5 or parts[0] != "fwd" or not parts[3].startswith("hd"):
         raise ValueError(f"not a forward kernel key name: {name!r}")
     feats = set(parts[5:])
-    unknown = feats - {"softcap", "alibi"}
+    unknown = feats - set(_FEATURES)
     if unknown:
         raise ValueError(f"unknown feature(s) {sorted(unknown)} in key name {name!r}")
-    return FwdKey(parts[1], parts[2], int(parts[3][2:]), parts[4], "softcap" in feats, "alibi" in feats)
+    return FwdKey(parts[1], parts[2], int(parts[3][2:]), parts[4], **{f: f in feats for f in _FEATURES})
 
 
 def config_from_name(name: str) -> FwdConfig:

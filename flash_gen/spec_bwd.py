@@ -24,15 +24,16 @@ class BwdKey:
     mask: str = "none"
     softcap: bool = False
     alibi: bool = False
+    varlen: bool = False
     deterministic: bool = False
 
     def __post_init__(self) -> None:
-        FwdKey(self.arch, self.dtype, self.head_dim, self.mask, self.softcap, self.alibi)  # validates them
+        self.fwd  # validates the shared fields
 
     @property
     def fwd(self) -> FwdKey:
         """The forward key with the same semantics (whose lse the backward consumes)."""
-        return FwdKey(self.arch, self.dtype, self.head_dim, self.mask, self.softcap, self.alibi)
+        return FwdKey(self.arch, self.dtype, self.head_dim, self.mask, self.softcap, self.alibi, self.varlen)
 
     @property
     def name(self) -> str:
@@ -152,10 +153,11 @@ def enumerate_bwd_keys(
     dtypes: tuple[str, ...] = DTYPES,
     head_dims: tuple[int, ...] = HEAD_DIMS,
     masks: tuple[str, ...] = MASKS,
+    varlen: tuple[bool, ...] = (False, True),
     deterministic: tuple[bool, ...] = (False, True),
 ) -> Iterator[BwdKey]:
     """The backward key space: every forward key, in either dQ order."""
-    for fwd in enumerate_keys(archs, dtypes, head_dims, masks):
+    for fwd in enumerate_keys(archs, dtypes, head_dims, masks, varlen):
         for det in deterministic:
             yield BwdKey(**dataclasses.asdict(fwd), deterministic=det)
 

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from flash_gen import settings
+
 _DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 MAX_HEAD_DIM = 256
 # The kernels move rows with 16-byte vector loads (8 half-precision elements), so every tensor's base address
@@ -47,6 +49,7 @@ class FwdArgs:
     window_size: tuple[int, int]
     softcap: float  # 0.0 = off
     alibi: bool
+    varlen: bool = False  # packed ragged batch: seqlen_q/seqlen_k are then the totals (upper bounds per entry)
 
     @property
     def causal(self) -> bool:
@@ -90,6 +93,8 @@ def check_fwd(
     k: torch.Tensor,
     v: torch.Tensor,
     *,
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None,
     dropout_p: float = 0.0,
     softmax_scale: float | None = None,
     causal: bool = False,
@@ -100,37 +105,46 @@ def check_fwd(
 ) -> FwdArgs:
     """Every forward check except the device one (see `check_device`); works on CPU and meta tensors.
 
+    With cu_seqlens_q/k the batch is packed (flash_attn_varlen_func): q (total_q, nheads, head_dim), k/v
+    (total_k, nheads_k, head_dim), and the returned seqlen_q/seqlen_k are the totals.
     Raises TypeError, ValueError or NotImplementedError naming the argument; returns the normalized `FwdArgs`.
     """
     _check_unsupported(dropout_p, return_attn_probs)
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    dims, layout = (3, "(total, nheads, head_dim)") if varlen else (4, "(batch, seqlen, nheads, head_dim)")
     for name, t in (("q", q), ("k", k), ("v", v)):
         _require_tensor(name, t)
-        if t.dim() != 4:
-            raise ValueError(f"{name}: expected 4 dims (batch, seqlen, nheads, head_dim), got shape {tuple(t.shape)}")
+        if t.dim() != dims:
+            raise ValueError(f"{name}: expected {dims} dims {layout}, got shape {tuple(t.shape)}")
     if q.dtype not in _DTYPES:
         raise TypeError(f"q: dtype must be torch.float16 or torch.bfloat16, got {q.dtype}")
     for name, t in (("k", k), ("v", v)):
         if t.dtype != q.dtype:
             raise TypeError(f"{name}: dtype {t.dtype} differs from q's dtype {q.dtype}")
 
-    batch, seqlen_q, nheads, head_dim = q.shape
-    _, seqlen_k, nheads_k, _ = k.shape
-    if batch < 1:
-        raise ValueError(f"q: batch must be >= 1, got shape {tuple(q.shape)}")
+    *_, seqlen_q, nheads, head_dim = q.shape
+    *_, seqlen_k, nheads_k, _ = k.shape
+    if varlen:
+        batch = _check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k)
+    else:
+        batch = q.shape[0]
+        if batch < 1:
+            raise ValueError(f"q: batch must be >= 1, got shape {tuple(q.shape)}")
+        _check_dim(k, "k", 0, "batch", batch, "q")
     if nheads < 1:
         raise ValueError(f"q: nheads must be >= 1, got shape {tuple(q.shape)}")
     if head_dim % 8 or not 8 <= head_dim <= MAX_HEAD_DIM:
         raise ValueError(f"q: head_dim must be a multiple of 8 in [8, {MAX_HEAD_DIM}], got {head_dim}")
-    _check_dim(k, "k", 0, "batch", batch, "q")
-    _check_dim(k, "k", 3, "head_dim", head_dim, "q")
+    _check_dim(k, "k", -1, "head_dim", head_dim, "q")
     if nheads_k < 1 or nheads % nheads_k:
         raise ValueError(f"k: nheads_k={nheads_k} must be >= 1 and divide q's nheads={nheads}")
-    for axis, what in enumerate(("batch", "seqlen_k", "nheads_k", "head_dim")):
+    for axis, what in enumerate(("batch", "seqlen_k", "nheads_k", "head_dim")[4 - dims :]):
         _check_dim(v, "v", axis, what, k.shape[axis], "k")
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_layout(name, t)
 
     alibi = _check_alibi(alibi_slopes, batch, nheads)
+    # Varlen: the totals bound every entry's lengths, so a bound dropped for them hides no key of any entry.
     mask, window = derive_mask(_check_bool("causal", causal), _check_window(window_size), seqlen_q, seqlen_k)
     return FwdArgs(
         batch=batch,
@@ -145,24 +159,57 @@ def check_fwd(
         window_size=window,
         softcap=_check_softcap(softcap),
         alibi=alibi,
+        varlen=varlen,
     )
 
 
-def check_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alibi_slopes: torch.Tensor | None) -> None:
-    """All tensors must live on one CUDA device. Raises ValueError naming the first tensor that does not."""
+def check_device(q: torch.Tensor, **others: torch.Tensor | None) -> None:
+    """q and every other given tensor must live on one CUDA device. Raises ValueError naming the first tensor
+    that does not."""
     if q.device.type != "cuda":
         raise ValueError(f"q: flash_gen needs CUDA tensors, got a tensor on {q.device}")
-    named = (("k", k), ("v", v)) + ((("alibi_slopes", alibi_slopes),) if alibi_slopes is not None else ())
-    for name, t in named:
-        if t.device != q.device:
+    for name, t in others.items():
+        if t is not None and t.device != q.device:
             raise ValueError(f"{name}: flash_gen needs CUDA tensors on q's device {q.device}, got {t.device}")
 
 
 def validate_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: Any) -> FwdArgs:
-    """`check_fwd` (same keyword arguments) then `check_device`: the full contract of the forward API."""
+    """`check_fwd` (same keyword arguments) then `check_device`; under FLASH_GEN_DEBUG=1 also the cu_seqlens
+    values (a device-to-host copy). The full contract of the forward API."""
     args = check_fwd(q, k, v, **kwargs)
-    check_device(q, k, v, kwargs.get("alibi_slopes"))
+    tensors = {name: kwargs.get(name) for name in ("cu_seqlens_q", "cu_seqlens_k", "alibi_slopes")}
+    check_device(q, k=k, v=v, **tensors)
+    if args.varlen and settings.debug():
+        check_cu_seqlens_values("cu_seqlens_q", kwargs["cu_seqlens_q"], args.seqlen_q)
+        check_cu_seqlens_values("cu_seqlens_k", kwargs["cu_seqlens_k"], args.seqlen_k)
     return args
+
+
+def check_cu_seqlens_values(name: str, cu: torch.Tensor, total: int) -> None:
+    """cu_seqlens must start at 0, never decrease and end within the packed tensor. Needs the values on the
+    host (a sync), so it runs only under FLASH_GEN_DEBUG=1; without it the kernels clamp every offset to the
+    tensor, so bad values give wrong rows but never an access outside it."""
+    values = cu.tolist()
+    if values[0] != 0 or any(b < a for a, b in zip(values, values[1:])) or values[-1] > total:
+        raise ValueError(f"{name}: must start at 0, never decrease and end at most at {total} (the packed "
+                         f"rows), got {values}")
+
+
+def _check_cu_seqlens(cu_q: object, cu_k: object, total_q: int, total_k: int) -> int:
+    """Shapes and dtypes of a packed batch's row offsets; returns the batch size."""
+    for name, cu in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
+        if cu is None:
+            raise ValueError(f"{name}: a packed batch needs both cu_seqlens_q and cu_seqlens_k")
+        _require_tensor(name, cu)
+        if cu.dtype != torch.int32:
+            raise TypeError(f"{name}: dtype must be torch.int32, got {cu.dtype}")
+        if cu.dim() != 1 or cu.numel() < 2 or cu.stride(0) != 1:
+            raise ValueError(f"{name}: expected a contiguous 1-D tensor of batch + 1 >= 2 offsets, got shape "
+                             f"{tuple(cu.shape)} strides {cu.stride()}")
+    if cu_k.numel() != cu_q.numel():
+        raise ValueError(f"cu_seqlens_k: {cu_k.numel()} offsets do not match cu_seqlens_q's {cu_q.numel()} "
+                         "(both are batch + 1)")
+    return cu_q.numel() - 1
 
 
 def check_attn_args(
@@ -186,15 +233,29 @@ def check_attn_args(
             _check_bool("deterministic", deterministic))
 
 
-def check_packed(name: str, t: object, parts: int) -> None:
-    """A packed tensor is (batch, seqlen, parts, nheads, head_dim): kv has 2 parts, qkv 3."""
+def check_varlen_args(max_seqlen_q: object, max_seqlen_k: object, block_table: object) -> None:
+    """The varlen functions' extra plain arguments: max_seqlen_* may be an int >= 0, a tensor or None (they are
+    never needed); block_table is not supported yet."""
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if value is None or isinstance(value, torch.Tensor):
+            continue
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0:
+            raise TypeError(f"{name}: expected an int >= 0, a tensor or None, got {value!r}")
+    if block_table is not None:
+        raise NotImplementedError("block_table: paged KV in flash_attn_varlen_func is not implemented yet")
+
+
+def check_packed(name: str, t: object, parts: int, varlen: bool) -> None:
+    """A packed tensor is (batch, seqlen, parts, nheads, head_dim), or (total, parts, nheads, head_dim) for a
+    ragged batch: kv has 2 parts, qkv 3."""
     _require_tensor(name, t)
-    if t.dim() != 5 or t.shape[2] != parts:
-        raise ValueError(f"{name}: expected shape (batch, seqlen, {parts}, nheads, head_dim), got {tuple(t.shape)}")
+    rows = "total" if varlen else "batch, seqlen"
+    if t.dim() != 4 + (not varlen) or t.shape[-3] != parts:
+        raise ValueError(f"{name}: expected shape ({rows}, {parts}, nheads, head_dim), got {tuple(t.shape)}")
 
 
 def check_bwd(
-    dout: torch.Tensor, q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, deterministic: bool
+    dout: torch.Tensor, q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, deterministic: bool, varlen: bool
 ) -> torch.Tensor:
     """Checks of the backward's extra inputs (q, k, v pass `check_fwd`). Returns dout with a dense, aligned
     last dim (a copy only when the incoming gradient is not, e.g. the expanded gradient of a sum)."""
@@ -208,9 +269,9 @@ def check_bwd(
     if out.shape != q.shape or out.dtype != q.dtype:
         raise ValueError(f"out: expected the forward output, shape {tuple(q.shape)} {q.dtype}, got "
                          f"{tuple(out.shape)} {out.dtype}")
-    b, s, h, _ = q.shape
-    if lse.shape != (b, h, s) or lse.dtype != torch.float32 or not lse.is_contiguous():
-        raise ValueError(f"softmax_lse: expected the forward's contiguous ({b}, {h}, {s}) float32, got "
+    expected = lse_shape(q, varlen)
+    if lse.shape != expected or lse.dtype != torch.float32 or not lse.is_contiguous():
+        raise ValueError(f"softmax_lse: expected the forward's contiguous {expected} float32, got "
                          f"{tuple(lse.shape)} {lse.dtype} strides {lse.stride()}")
     _check_bool("deterministic", deterministic)
     try:
@@ -218,6 +279,14 @@ def check_bwd(
     except ValueError:
         dout = dout.contiguous()
     return dout
+
+
+def lse_shape(q: torch.Tensor, varlen: bool) -> tuple[int, ...]:
+    """softmax_lse's shape, as flash_attn returns it: (batch, nheads, seqlen_q), or (nheads, total_q)."""
+    if varlen:
+        return (q.shape[1], q.shape[0])
+    b, s, h, _ = q.shape
+    return (b, h, s)
 
 
 def _check_unsupported(dropout_p: float, return_attn_probs: bool) -> None:

@@ -1,7 +1,7 @@
 """Compile, on a machine without a GPU, every kernel the GPU tests and the default benchmark will ask for, into
 a kernel cache folder that a lent GPU machine then reads, so its minutes go to testing instead of NVRTC.
 
-    python3 scripts/prebuild_gpu_test_kernels.py [--arch sm90] [--out .kernels] [--suites fwd,bwd,bench] [-j N]
+    python3 scripts/prebuild_gpu_test_kernels.py [--arch sm90] [--out .kernels] [--suites fwd,bwd,varlen,bench]
 
 (--suites bwd limits it to one test module's kernels.) Then carry the folder (device tool: carry [".whl", ".kernels"]); scripts/device_check.sh points
 FLASH_GEN_CACHE_DIR at it. Cache keys cover the NVRTC and header-wheel versions, so on a mismatch the device
@@ -21,23 +21,25 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 
-def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "bench")) -> set:
-    """(key, config) pairs requested by tests/test_fwd_gpu.py ("fwd"), tests/test_bwd_gpu.py ("bwd") and
-    `flash-gen bench`'s default shapes ("bench")."""
+def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "bench")) -> set:
+    """(key, config) pairs requested by tests/test_fwd_gpu.py ("fwd"), tests/test_bwd_gpu.py ("bwd"),
+    tests/test_varlen_gpu.py ("varlen") and `flash-gen bench`'s default shapes ("bench")."""
     import test_bwd_gpu as tb
     import test_fwd_gpu as t
+    import test_varlen_gpu as tv
 
     from flash_gen.spec import FwdKey, config_from_name, default_config
     from flash_gen.spec_bwd import BwdKey, default_bwd_config
     from flash_gen.validate import derive_mask
 
-    def default(dtype: str, head_dim: int, mask: str, softcap: bool = False, alibi: bool = False) -> tuple:
-        key = FwdKey(arch, dtype, head_dim, mask, softcap, alibi)
+    def default(dtype: str, head_dim: int, mask: str, softcap: bool = False, alibi: bool = False,
+                varlen: bool = False) -> tuple:
+        key = FwdKey(arch, dtype, head_dim, mask, softcap, alibi, varlen)
         return key, default_config(key)
 
     def default_bwd(dtype: str, head_dim: int, mask: str, softcap: bool = False, alibi: bool = False,
-                    deterministic: bool = False) -> tuple:
-        key = BwdKey(arch, dtype, head_dim, mask, softcap, alibi, deterministic)
+                    deterministic: bool = False, varlen: bool = False) -> tuple:
+        key = BwdKey(arch, dtype, head_dim, mask, softcap, alibi, varlen, deterministic)
         return key, default_bwd_config(key)
 
     out = set()
@@ -49,6 +51,15 @@ def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "bench")) -> se
         if isinstance(c, tb.Case):
             out.add(default_bwd(c.dtype, c.head_dim, mask, c.feature == "softcap", c.feature.startswith("alibi"),
                                 c.deterministic))
+    if "varlen" in suites:
+        for c in tv.CASES:
+            causal, window = t.MASKS[c.mask]
+            mask, _ = derive_mask(causal, window, sum(c.lens_q), sum(c.lens_k))
+            feats = (c.feature == "softcap", c.feature == "alibi")
+            out.add(default(c.dtype, c.head_dim, mask, *feats, varlen=True))
+            out.add(default_bwd(c.dtype, c.head_dim, mask, *feats, c.deterministic, varlen=True))
+        out.add(default("bf16", 64, "causal", varlen=True))  # the packed-variant and CUDA-graph tests
+        out.update(default_bwd("bf16", 64, "causal", deterministic=det, varlen=True) for det in (False, True))
     if "bwd" in suites:  # the autograd, determinism, compile, profiler and CUDA-graph tests
         for d in (64, 128):
             out.add(default("bf16", d, "causal"))
@@ -60,10 +71,12 @@ def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "bench")) -> se
                     out.add((FwdKey(arch, "bf16", head_dim, mask), config_from_name(name)))
         for dtype in ("fp16", "bf16"):  # the packed-qkv, API and requires_grad tests
             out.update(default(dtype, 64, mask) for mask in ("none", "causal"))
-    if "bench" in suites:
+    if "bench" in suites:  # flash-gen bench's defaults and benchmarks/bench_varlen.py's
         for d in (64, 128, 256):
             for mask in ("none", "causal"):
                 out.update((default("bf16", d, mask), default_bwd("bf16", d, mask)))
+        for mask in ("none", "causal"):
+            out.update((default("bf16", 128, mask, varlen=True), default_bwd("bf16", 128, mask, varlen=True)))
     return out
 
 
@@ -71,7 +84,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", default="sm90")
     parser.add_argument("--out", type=Path, default=ROOT / ".kernels")
-    parser.add_argument("--suites", default="fwd,bwd,bench", help="comma list of fwd, bwd, bench")
+    parser.add_argument("--suites", default="fwd,bwd,varlen,bench", help="comma list of fwd, bwd, varlen, bench")
     parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
     os.environ["FLASH_GEN_CACHE_DIR"] = str(args.out.resolve())  # inherited by the worker processes

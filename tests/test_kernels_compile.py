@@ -2,8 +2,8 @@
 backward kernels compiles with NVRTC for sm_80, sm_90a and sm_100a without register spills. No GPU needed.
 
 Compiling one variant takes about a minute on a 2-core machine (CuTe's templates dominate), so the matrix is
-chosen to cover every code path at least once (each mask kind, softcap, ALiBi, fp16 and bf16, a padded head
-dim, one and two K/V stages, 4 and 8 warps) and is compiled once, two at a time, for all tests here.
+chosen to cover every code path at least once (each mask kind, softcap, ALiBi, packed ragged batches, fp16 and
+bf16, a padded head dim, one and two K/V stages, 4 and 8 warps) and is compiled once, two at a time, for all tests here.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ MATRIX = (
     FwdKey("sm90", "fp16", 72, "local", softcap=True, alibi=True),
     FwdKey("sm90", "bf16", 64, "none"),
     FwdKey("sm100", "bf16", 256, "none"),
-    FwdKey("sm100", "fp16", 160, "causal", alibi=True),
+    FwdKey("sm100", "fp16", 160, "causal", alibi=True, varlen=True),
     # backward: every arch, both dQ orders, every feature, a padded head dim, the three tiling families
     BwdKey("sm80", "bf16", 128, "causal"),
-    BwdKey("sm90", "fp16", 72, "local", softcap=True, alibi=True, deterministic=True),
+    BwdKey("sm90", "fp16", 72, "local", softcap=True, alibi=True, varlen=True, deterministic=True),
     BwdKey("sm100", "bf16", 256, "none"),
 )
 

@@ -9,7 +9,9 @@ import torch
 from flash_gen import api, ops
 
 B, SQ, SK, H, HK, D = 2, 100, 37, 6, 2, 72
-ATTN = (None, True, -1, -1, 0.0, None, False)  # softmax_scale, causal, window, softcap, alibi, deterministic
+# cu_seqlens_q/k, softmax_scale, causal, window, softcap, alibi, deterministic
+ATTN = (None, None, None, True, -1, -1, 0.0, None, False)
+TOTAL_Q, TOTAL_K = 150, 90
 
 
 def meta(*shape):
@@ -87,13 +89,58 @@ def test_backward_inputs_are_checked_by_name():
     q = torch.randn(B, SQ, H, 64, dtype=torch.bfloat16)
     lse = torch.zeros(B, H, SQ)
     with pytest.raises(TypeError, match="^dout"):
-        check_bwd(q.half(), q, q, lse, False)
+        check_bwd(q.half(), q, q, lse, False, False)
     with pytest.raises(ValueError, match="^dout"):
-        check_bwd(q[:, :10], q, q, lse, False)
+        check_bwd(q[:, :10], q, q, lse, False, False)
     with pytest.raises(ValueError, match="^softmax_lse"):
-        check_bwd(q, q, q, lse[:, :1], False)
+        check_bwd(q, q, q, lse[:, :1], False, False)
+    with pytest.raises(ValueError, match="^softmax_lse"):
+        check_bwd(q, q, q, lse, False, True)  # a packed batch's lse is (nheads, total_q)
     with pytest.raises(TypeError, match="^deterministic"):
-        check_bwd(q, q, q, lse, 1)
+        check_bwd(q, q, q, lse, 1, False)
     expanded = torch.ones((), dtype=torch.bfloat16).expand(q.shape)  # the gradient of out.sum()
-    fixed = check_bwd(expanded, q, q, lse, False)
+    fixed = check_bwd(expanded, q, q, lse, False, False)
     assert fixed.stride(-1) == 1 and torch.equal(fixed, expanded)
+
+
+def _varlen_attn(batch: int = B) -> tuple:
+    cu = torch.empty(batch + 1, dtype=torch.int32, device="meta")
+    return (cu, cu, *ATTN[2:])
+
+
+def test_fake_varlen_shapes():
+    q, k, v = meta(TOTAL_Q, H, D), meta(TOTAL_K, HK, D), meta(TOTAL_K, HK, D)
+    attn = _varlen_attn()
+    for out, lse in (ops.fwd(q, k, v, *attn), ops.fwd_kvpacked(q, meta(TOTAL_K, 2, HK, D), *attn),
+                     ops.fwd_qkvpacked(meta(TOTAL_Q, 3, H, D), *attn)):
+        assert out.shape == q.shape and lse.shape == (H, TOTAL_Q) and lse.dtype == torch.float32
+    lse = torch.empty(H, TOTAL_Q, device="meta")
+    dq, dk, dv = ops.bwd(q, q, k, v, q, lse, *attn)
+    assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
+    kv, qkv = meta(TOTAL_K, 2, HK, D), meta(TOTAL_Q, 3, H, D)
+    assert ops.bwd_kvpacked(q, q, kv, q, lse, *attn)[1].shape == kv.shape
+    assert ops.bwd_qkvpacked(q, qkv, q, lse, *attn).shape == qkv.shape
+
+
+def test_meta_varlen_autograd():
+    qkv = meta(TOTAL_Q, 3, H, D).requires_grad_()
+    cu = torch.empty(B + 1, dtype=torch.int32, device="meta")
+    out = api.flash_attn_varlen_qkvpacked_func(qkv, cu, None, causal=True)
+    assert out.shape == (TOTAL_Q, H, D)
+    (dqkv,) = torch.autograd.grad(out, (qkv,), torch.empty_like(out))
+    assert dqkv.shape == qkv.shape
+
+
+@pytest.mark.parametrize(
+    "kwargs,exc,name",
+    [
+        (dict(max_seqlen_q=1.5), TypeError, "max_seqlen_q"),
+        (dict(max_seqlen_k=-1), TypeError, "max_seqlen_k"),
+        (dict(block_table=torch.zeros(2, 1, dtype=torch.int32)), NotImplementedError, "block_table"),
+    ],
+)
+def test_varlen_plain_arguments_are_named(kwargs, exc, name):
+    q = torch.randn(TOTAL_Q, H, 64, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 100, TOTAL_Q], dtype=torch.int32)
+    with pytest.raises(exc, match=f"^{name}"):
+        api.flash_attn_varlen_func(q, q, q, cu, cu, **kwargs)

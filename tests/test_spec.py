@@ -25,6 +25,7 @@ KEY_VALUES = {
     "mask": spec.MASKS,
     "softcap": (False, True),
     "alibi": (False, True),
+    "varlen": (False, True),
 }
 
 

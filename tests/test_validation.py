@@ -136,7 +136,7 @@ def test_meta_tensors_are_checked():
 def test_device_check_rejects_non_cuda(device):
     q, k, v = make(device=device)
     with pytest.raises(ValueError, match="^q: flash_gen needs CUDA tensors"):
-        check_device(q, k, v, None)
+        check_device(q, k=k, v=v)
     # validate_fwd is check_fwd followed by the device check: valid CPU input still fails, naming q.
     with pytest.raises(ValueError, match="^q: flash_gen needs CUDA tensors"):
         validate_fwd(q, k, v)
@@ -145,11 +145,14 @@ def test_device_check_rejects_non_cuda(device):
 @pytest.mark.gpu
 def test_device_check_rejects_mixed_devices():
     q, k, v = make(device="cuda")
-    check_device(q, k, v, torch.rand(H, device="cuda"))
+    check_device(q, k=k, v=v, alibi_slopes=torch.rand(H, device="cuda"))
     with pytest.raises(ValueError, match="^k: flash_gen needs CUDA tensors"):
-        check_device(q, k.cpu(), v, None)
+        check_device(q, k=k.cpu(), v=v)
     with pytest.raises(ValueError, match="^alibi_slopes: flash_gen needs CUDA tensors"):
-        check_device(q, k, v, torch.rand(H))
+        check_device(q, k=k, v=v, alibi_slopes=torch.rand(H))
+    cu = torch.tensor([0, 3], dtype=torch.int32)
+    with pytest.raises(ValueError, match="^cu_seqlens_q: flash_gen needs CUDA tensors"):
+        validate_fwd(q[0], k[0], v[0], cu_seqlens_q=cu, cu_seqlens_k=cu.cuda())
 
 
 # (causal, window_size, seqlen_q, seqlen_k) -> (mask, normalized window)
@@ -243,3 +246,50 @@ def test_compiler_side_imports_without_torch():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+TQ, TK = 300, 170  # packed totals
+
+
+def varlen(dtype=torch.bfloat16, hd=D, batch=3):
+    q = torch.randn(TQ, H, hd, dtype=dtype)
+    k = torch.randn(TK, HK, hd, dtype=dtype)
+    cu = torch.tensor([0] + [TQ * (i + 1) // batch for i in range(batch)], dtype=torch.int32)
+    cu_k = torch.tensor([0] + [TK * (i + 1) // batch for i in range(batch)], dtype=torch.int32)
+    return q, k, k.clone(), cu, cu_k
+
+
+def test_varlen_accepts_packed_batch():
+    q, k, v, cu, cu_k = varlen()
+    args = check_fwd(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu_k, causal=True)
+    assert (args.batch, args.seqlen_q, args.seqlen_k, args.varlen, args.mask) == (3, TQ, TK, True, "causal")
+    assert check_fwd(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu_k, alibi_slopes=torch.rand(3, H)).alibi
+
+
+@pytest.mark.parametrize(
+    "change,exc,match",
+    [
+        (lambda a: {**a, "cu_seqlens_k": None}, ValueError, "^cu_seqlens_k: a packed batch needs both"),
+        (lambda a: {**a, "cu_seqlens_q": a["cu_seqlens_q"].long()}, TypeError, "^cu_seqlens_q: dtype"),
+        (lambda a: {**a, "cu_seqlens_q": a["cu_seqlens_q"][:1]}, ValueError, "^cu_seqlens_q: expected a contiguous"),
+        (lambda a: {**a, "cu_seqlens_q": a["cu_seqlens_q"].view(2, 2)}, ValueError, "^cu_seqlens_q"),
+        (lambda a: {**a, "cu_seqlens_k": a["cu_seqlens_k"][:3]}, ValueError, "^cu_seqlens_k: 3 offsets"),
+        (lambda a: {**a, "q": a["q"][None]}, ValueError, "^q: expected 3 dims"),
+        (lambda a: {**a, "v": a["v"][:10]}, ValueError, "^v: seqlen_k"),
+        (lambda a: {**a, "alibi_slopes": torch.rand(2, H)}, ValueError, "^alibi_slopes"),
+    ],
+)
+def test_varlen_rejects_bad_input_by_name(change, exc, match):
+    q, k, v, cu, cu_k = varlen()
+    a = change(dict(q=q, k=k, v=v, cu_seqlens_q=cu, cu_seqlens_k=cu_k))
+    with pytest.raises(exc, match=match):
+        check_fwd(a.pop("q"), a.pop("k"), a.pop("v"), **a)
+
+
+def test_varlen_offsets_values_are_checked_on_request():
+    from flash_gen.validate import check_cu_seqlens_values
+
+    check_cu_seqlens_values("cu_seqlens_q", torch.tensor([0, 5, 5, 9], dtype=torch.int32), 9)
+    for bad in ([1, 5], [0, 5, 4], [0, 10]):
+        with pytest.raises(ValueError, match="^cu_seqlens_q: must start at 0"):
+            check_cu_seqlens_values("cu_seqlens_q", torch.tensor(bad, dtype=torch.int32), 9)

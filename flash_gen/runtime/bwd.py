@@ -13,7 +13,14 @@ import torch
 
 from flash_gen.gen.render import bwd_aux_prefix, entry_name, render_bwd, render_bwd_aux
 from flash_gen.runtime import driver, loader
-from flash_gen.runtime.score_params import DTYPES, check_grid, mask_kind, set_score_fields, set_strides
+from flash_gen.runtime.score_params import (
+    DTYPES,
+    check_grid,
+    mask_kind,
+    set_score_fields,
+    set_strides,
+    varlen_tiles,
+)
 from flash_gen.spec_bwd import (
     BwdConfig,
     BwdKey,
@@ -31,18 +38,26 @@ class BwdParams(ctypes.Structure):
 
     _fields_ = (
         [(name, ctypes.c_void_p) for name in ("q", "k", "v", "o", "dout", "dq", "dk", "dv")]
-        + [(name, ctypes.c_void_p) for name in ("lse", "lse_log2", "dsum", "dq_accum", "dq_semaphore", "alibi_slopes")]
+        + [
+            (name, ctypes.c_void_p)
+            for name in ("lse", "lse_log2", "dsum", "dq_accum", "dq_semaphore", "alibi_slopes", "cu_seqlens_q",
+                         "cu_seqlens_k")
+        ]
         + [
             (f"{t}_{s}_stride", ctypes.c_int64)
             for t in ("q", "k", "v", "o", "do", "dq", "dk", "dv")
             for s in ("batch", "row", "head")
         ]
-        + [("alibi_batch_stride", ctypes.c_int64)]
+        + [
+            (name, ctypes.c_int64)
+            for name in ("alibi_batch_stride", "lse_batch_stride", "lse_head_stride", "acc_batch_stride",
+                         "acc_head_stride")
+        ]
         + [
             (name, ctypes.c_int)
             for name in (
-                "batch", "nheads", "nheads_k", "seqlen_q", "seqlen_k", "seqlen_q_rounded", "head_dim",
-                "dq_accum_cols", "num_m_blocks", "window_left", "window_right",
+                "batch", "nheads", "nheads_k", "seqlen_q", "seqlen_k", "block_m", "head_dim", "dq_accum_cols",
+                "window_left", "window_right",
             )
         ]
         + [(name, ctypes.c_float) for name in ("score_scale", "scale_log2", "alibi_scale", "softmax_scale")]
@@ -66,12 +81,12 @@ class _Variant:
 _variants: dict[tuple, _Variant] = {}
 
 
-def _variant(device: int, dtype: str, head_dim: int, mask: str, softcap: bool, alibi: bool, deterministic: bool,
-             config: BwdConfig | None) -> _Variant:
-    lookup = (device, dtype, head_dim, mask, softcap, alibi, deterministic, config)
+def _variant(device: int, dtype: str, head_dim: int, mask: str, softcap: bool, alibi: bool, varlen: bool,
+             deterministic: bool, config: BwdConfig | None) -> _Variant:
+    lookup = (device, dtype, head_dim, mask, softcap, alibi, varlen, deterministic, config)
     var = _variants.get(lookup)
     if var is None:
-        key = BwdKey(driver.device_arch(device), dtype, head_dim, mask, softcap, alibi, deterministic)
+        key = BwdKey(driver.device_arch(device), dtype, head_dim, mask, softcap, alibi, varlen, deterministic)
         cfg = config or default_bwd_config(key)
         why = bwd_infeasible_reason(key, cfg)
         if why is not None:
@@ -97,27 +112,32 @@ def attention_bwd(
     softcap: float,
     alibi_slopes: torch.Tensor | None,
     deterministic: bool,
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None,
     config: BwdConfig | None = None,
 ) -> None:
     """Write the gradients of attention into dq, dk, dv (shaped like q, k, v; last dim contiguous, any other
-    strides, e.g. views of one packed gradient). dout and out are shaped like q, lse is the forward's
-    (b, h, sq) float32 softmax_lse. Arguments as for runtime.fwd.attention_fwd; `deterministic` orders the dQ
-    accumulation so repeated runs give bitwise-equal gradients."""
-    batch, seqlen_q, nheads, head_dim = q.shape
-    seqlen_k, nheads_k = k.shape[1], k.shape[2]
+    strides, e.g. views of one packed gradient). dout and out are shaped like q, lse is the forward's float32
+    softmax_lse. Arguments as for runtime.fwd.attention_fwd (packed batches included); `deterministic` orders the
+    dQ accumulation so repeated runs give bitwise-equal gradients."""
+    varlen = cu_seqlens_q is not None
+    *lead_q, nheads, head_dim = q.shape
+    *lead_k, nheads_k, _ = k.shape
+    batch = cu_seqlens_q.numel() - 1 if varlen else q.shape[0]
+    seqlen_q, seqlen_k = lead_q[-1], lead_k[-1]  # the totals when varlen
     check_grid(batch, max(nheads, nheads_k))
     mask = mask_kind(causal, window_size)
-    var = _variant(q.device.index, DTYPES[q.dtype], head_dim, mask, softcap > 0, alibi_slopes is not None,
+    var = _variant(q.device.index, DTYPES[q.dtype], head_dim, mask, softcap > 0, alibi_slopes is not None, varlen,
                    deterministic, config)
     block_m = var.cfg.block_m
-    m_blocks = -(-seqlen_q // block_m)
-    rows = m_blocks * block_m
 
+    # Row-padded fp32 buffers (acc_row0 in bwd_params.cuh): every entry gets its rows rounded up to block_m.
+    acc_shape = (nheads, seqlen_q + batch * block_m) if varlen else (batch, nheads, -(-seqlen_q // block_m) * block_m)
     f32 = dict(dtype=torch.float32, device=q.device)
-    lse_log2 = torch.empty((batch, nheads, rows), **f32)
-    dsum = torch.empty((batch, nheads, rows), **f32)
-    dq_accum = torch.empty((batch, nheads, rows, var.head_dim_mma), **f32)
-    semaphore = torch.empty((batch, nheads, m_blocks), dtype=torch.int32, device=q.device) if deterministic else None
+    lse_log2 = torch.empty(acc_shape, **f32)
+    dsum = torch.empty(acc_shape, **f32)
+    dq_accum = torch.empty((*acc_shape, var.head_dim_mma), **f32)
+    semaphore = torch.empty(acc_shape, dtype=torch.int32, device=q.device) if deterministic else None
 
     p = BwdParams()
     tensors = (("q", q), ("k", k), ("v", v), ("o", out), ("do", dout), ("dq", dq), ("dk", dk), ("dv", dv))
@@ -129,12 +149,25 @@ def attention_bwd(
     set_score_fields(p, batch=batch, nheads=nheads, nheads_k=nheads_k, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
                      causal=causal, window_size=window_size, softmax_scale=softmax_scale, softcap=softcap,
                      alibi_slopes=alibi_slopes)
-    p.seqlen_q_rounded, p.head_dim, p.dq_accum_cols, p.num_m_blocks = rows, head_dim, var.head_dim_mma, m_blocks
+    p.block_m, p.head_dim, p.dq_accum_cols = block_m, head_dim, var.head_dim_mma
     p.softmax_scale = softmax_scale
+    lse_strides = (0, lse.stride(0)) if varlen else lse.stride()[:2]
+    p.lse_batch_stride, p.lse_head_stride = lse_strides
+    p.acc_batch_stride, p.acc_head_stride = (0, *dsum.stride()[:1]) if varlen else dsum.stride()[:2]
+
+    if varlen:
+        p.cu_seqlens_q, p.cu_seqlens_k = cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr()
+        # Each entry's padded rows (preprocess), key tiles (main), rows (convert), as grid-x bounds.
+        grids = [(-(-(seqlen_q + batch * (block_m - 1)) // _AUX_ROWS), nheads, 1),
+                 (varlen_tiles(seqlen_k, batch, var.cfg.block_n), nheads_k, 1),
+                 (varlen_tiles(seqlen_q, batch, _AUX_ROWS), nheads, 1)]
+    else:
+        grids = [(acc_shape[-1] // _AUX_ROWS, nheads, batch),
+                 (-(-seqlen_k // var.cfg.block_n), nheads_k, batch),
+                 (-(-seqlen_q // _AUX_ROWS), nheads, batch)]
 
     stream = torch.cuda.current_stream(q.device).cuda_stream
     aux_block = (_AUX_THREADS, 1, 1)
-    var.preprocess.launch((-(-rows // _AUX_ROWS), nheads, batch), aux_block, 0, stream, p)
-    n_blocks = -(-seqlen_k // var.cfg.block_n)
-    var.main.launch((n_blocks, nheads_k, batch), (var.cfg.num_threads, 1, 1), var.smem, stream, p)
-    var.convert_dq.launch((-(-seqlen_q // _AUX_ROWS), nheads, batch), aux_block, 0, stream, p)
+    var.preprocess.launch(grids[0], aux_block, 0, stream, p)
+    var.main.launch(grids[1], (var.cfg.num_threads, 1, 1), var.smem, stream, p)
+    var.convert_dq.launch(grids[2], aux_block, 0, stream, p)

@@ -24,10 +24,17 @@ def mask_kind(causal: bool, window_size: tuple[int, int]) -> str:
 
 
 def set_strides(p: ctypes.Structure, prefix: str, t: torch.Tensor) -> None:
-    """p.<prefix>_{batch,row,head}_stride from a (batch, seqlen, heads, head_dim) tensor."""
-    setattr(p, f"{prefix}_batch_stride", t.stride(0))
-    setattr(p, f"{prefix}_row_stride", t.stride(1))
-    setattr(p, f"{prefix}_head_stride", t.stride(2))
+    """p.<prefix>_{batch,row,head}_stride from a (batch, seqlen, heads, head_dim) tensor, or from a packed
+    varlen (total_rows, heads, head_dim) one (batch stride 0: the kernels find rows through cu_seqlens)."""
+    batch_stride, row_stride, head_stride = t.stride()[:3] if t.dim() == 4 else (0, *t.stride()[:2])
+    setattr(p, f"{prefix}_batch_stride", batch_stride)
+    setattr(p, f"{prefix}_row_stride", row_stride)
+    setattr(p, f"{prefix}_head_stride", head_stride)
+
+
+def varlen_tiles(total: int, batch: int, block: int) -> int:
+    """Grid bound for a packed batch: sum over entries of ceil(len / block) never exceeds this."""
+    return (total + batch * (block - 1)) // block
 
 
 def set_score_fields(

@@ -5,11 +5,12 @@
 //  - bwd_convert_dq: dQ = softmax_scale * dq_accum, in the input dtype, written through dQ's strides.
 #pragma once
 #include "flash_gen/bwd_params.cuh"
+#include "flash_gen/seq_info.cuh"
 
 namespace flash_gen {
 
 constexpr int kAuxThreads = 128;
-constexpr int kAuxRows = 32;  // rows per CTA: grid = (ceil(rows / kAuxRows), nheads, batch)
+constexpr int kAuxRows = 32;  // rows per CTA: grid = (ceil(rows / kAuxRows), nheads, batch), or over entries
 
 // 16-bit element <-> fp32 for bf16 (kBf16) or fp16, on raw bits so no cuda_fp16/cuda_bf16 header is needed.
 template <bool kBf16>
@@ -48,62 +49,84 @@ __device__ __forceinline__ float dot8(uint4 a, uint4 b) {
   return s;
 }
 
+// The (batch, kAuxRows-row block) this CTA serves and its entry's rows. Dense: the grid's (z, x). Varlen: the
+// grid's x runs over every entry's blocks of `rows_of(seqlen_q)` rows. Returns false for a CTA past the last.
+template <class RowsOf>
+__device__ __forceinline__ bool aux_block(BwdParams const& p, RowsOf rows_of, int& batch, int& row_begin,
+                                          SeqInfo& seq) {
+  batch = blockIdx.z;
+  int block = blockIdx.x;
+  if (p.cu_seqlens_q != nullptr) {
+    const int2 tile = varlen_tile(p.cu_seqlens_q, p.batch, p.seqlen_q, block,
+                                  [&](int len) { return (rows_of(len) + kAuxRows - 1) / kAuxRows; });
+    if (tile.x < 0) return false;
+    batch = tile.x;
+    block = tile.y;
+    seq = seq_info<true>(p, batch);
+  } else {
+    seq = seq_info<false>(p, batch);
+  }
+  row_begin = block * kAuxRows;
+  return true;
+}
+
 template <bool kBf16>
 __device__ __forceinline__ void bwd_preprocess(BwdParams const& p) {
-  const int head = blockIdx.y, batch = blockIdx.z;
-  const int row_begin = blockIdx.x * kAuxRows;
-  const int64_t bh = int64_t(batch) * p.nheads + head;
+  const int head = blockIdx.y;
+  const int bm = p.block_m;
+  auto rounded = [bm](int len) { return (len + bm - 1) / bm * bm; };  // rows the main kernel touches
+  int batch, row_begin;
+  SeqInfo seq;
+  if (!aux_block(p, rounded, batch, row_begin, seq)) return;
+  const int64_t acc0 = acc_row0(p, p.cu_seqlens_q != nullptr, batch, head, seq.q_start);
+  const int rows_total = rounded(seq.seqlen_q);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int chunks = p.head_dim / 8;  // 16-byte vectors per row; head_dim is a multiple of 8, <= 256
 
   // One warp per row: lane i reads vector i of dO and O, then the warp reduces.
   for (int r = warp; r < kAuxRows; r += kAuxThreads / 32) {
     const int row = row_begin + r;
-    if (row >= p.seqlen_q_rounded) break;
+    if (row >= rows_total) break;
+    const bool valid = row < seq.seqlen_q;
+    const int64_t q_row = seq.q_start + row;
     float s = 0.f;
-    if (row < p.seqlen_q && lane < chunks) {
-      const auto* o = static_cast<const unsigned short*>(p.o) + batch * p.o_batch_stride + row * p.o_row_stride +
+    if (valid && lane < chunks) {
+      const auto* o = static_cast<const unsigned short*>(p.o) + batch * p.o_batch_stride + q_row * p.o_row_stride +
                       head * p.o_head_stride;
       const auto* d = static_cast<const unsigned short*>(p.dout) + batch * p.do_batch_stride +
-                      row * p.do_row_stride + head * p.do_head_stride;
+                      q_row * p.do_row_stride + head * p.do_head_stride;
       s = dot8<kBf16>(reinterpret_cast<const uint4*>(o)[lane], reinterpret_cast<const uint4*>(d)[lane]);
     }
 #pragma unroll
     for (int off = 16; off > 0; off /= 2) s += __shfl_xor_sync(0xffffffff, s, off);
     if (lane == 0) {
-      const bool valid = row < p.seqlen_q;
-      p.dsum[bh * p.seqlen_q_rounded + row] = s;
+      p.dsum[acc0 + row] = s;
       // lse is +inf for rows that saw no key; exp2(score - inf) = 0 keeps them out of every gradient.
-      p.lse_log2[bh * p.seqlen_q_rounded + row] =
-          valid ? p.lse[bh * p.seqlen_q + row] * 1.4426950408889634f : __int_as_float(0x7f800000);
+      p.lse_log2[acc0 + row] = valid ? p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + q_row] *
+                                           1.4426950408889634f
+                                     : __int_as_float(0x7f800000);
+      if (p.dq_semaphore != nullptr) p.dq_semaphore[acc0 + row] = 0;
     }
   }
 
   // Zero this CTA's rows of the dQ accumulator (dq_accum_cols is a multiple of 16: float4 stores).
-  const int rows = min(kAuxRows, p.seqlen_q_rounded - row_begin);
-  float4* acc = reinterpret_cast<float4*>(p.dq_accum + (bh * p.seqlen_q_rounded + row_begin) * p.dq_accum_cols);
+  const int rows = min(kAuxRows, rows_total - row_begin);
+  float4* acc = reinterpret_cast<float4*>(p.dq_accum + (acc0 + row_begin) * p.dq_accum_cols);
   for (int i = threadIdx.x; i < rows * p.dq_accum_cols / 4; i += kAuxThreads) acc[i] = make_float4(0, 0, 0, 0);
-
-  // Semaphore m of this (batch, head) is zeroed by the CTA whose row range holds index m (there are fewer
-  // m blocks than rows, so every one is covered).
-  if (p.dq_semaphore != nullptr) {
-    for (int m = row_begin + threadIdx.x; m < row_begin + rows && m < p.num_m_blocks; m += kAuxThreads) {
-      p.dq_semaphore[bh * p.num_m_blocks + m] = 0;
-    }
-  }
 }
 
 template <bool kBf16>
 __device__ __forceinline__ void bwd_convert_dq(BwdParams const& p) {
-  const int head = blockIdx.y, batch = blockIdx.z;
-  const int row_begin = blockIdx.x * kAuxRows;
-  const int64_t bh = int64_t(batch) * p.nheads + head;
+  const int head = blockIdx.y;
+  int batch, row_begin;
+  SeqInfo seq;
+  if (!aux_block(p, [](int len) { return len; }, batch, row_begin, seq)) return;
+  const int64_t acc0 = acc_row0(p, p.cu_seqlens_q != nullptr, batch, head, seq.q_start);
   const int chunks = p.head_dim / 8;
   for (int i = threadIdx.x; i < kAuxRows * chunks; i += kAuxThreads) {
     const int row = row_begin + i / chunks, chunk = i % chunks;
-    if (row >= p.seqlen_q) break;
-    const float4* src =
-        reinterpret_cast<const float4*>(p.dq_accum + (bh * p.seqlen_q_rounded + row) * p.dq_accum_cols) + 2 * chunk;
+    if (row >= seq.seqlen_q) break;
+    const float4* src = reinterpret_cast<const float4*>(p.dq_accum + (acc0 + row) * p.dq_accum_cols) + 2 * chunk;
     const float4 a = src[0], b = src[1];
     const float f[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
     unsigned w[4];
@@ -112,7 +135,7 @@ __device__ __forceinline__ void bwd_convert_dq(BwdParams const& p) {
       w[j] = from_float<kBf16>(f[2 * j] * p.softmax_scale) |
              (static_cast<unsigned>(from_float<kBf16>(f[2 * j + 1] * p.softmax_scale)) << 16);
     }
-    auto* dq = static_cast<unsigned short*>(p.dq) + batch * p.dq_batch_stride + row * p.dq_row_stride +
+    auto* dq = static_cast<unsigned short*>(p.dq) + batch * p.dq_batch_stride + (seq.q_start + row) * p.dq_row_stride +
                head * p.dq_head_stride;
     reinterpret_cast<uint4*>(dq)[chunk] = make_uint4(w[0], w[1], w[2], w[3]);
   }

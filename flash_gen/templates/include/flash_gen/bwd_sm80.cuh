@@ -10,6 +10,7 @@
 #pragma once
 #include "flash_gen/attn_mask.cuh"
 #include "flash_gen/bwd_params.cuh"
+#include "flash_gen/seq_info.cuh"
 #include "flash_gen/sm80_ldsm.cuh"
 #include "flash_gen/sm80_utils.cuh"
 
@@ -17,7 +18,7 @@ namespace flash_gen {
 
 template <class Element_, int kHeadDim_, int kHeadDimMma_, int kBlockM_, int kBlockN_, int kNWarps_,
           int kWarpsMSdP_, int kWarpsNdKV_, int kWarpsMdQ_, int kStages_, Mask kMask_, bool kSoftcap_,
-          bool kAlibi_, bool kDeterministic_>
+          bool kAlibi_, bool kVarlen_, bool kDeterministic_>
 struct BwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;        // what loads and stores touch
@@ -30,6 +31,7 @@ struct BwdTraits {
   static constexpr Mask kMask = kMask_;
   static constexpr bool kSoftcap = kSoftcap_;
   static constexpr bool kAlibi = kAlibi_;
+  static constexpr bool kVarlen = kVarlen_;
   static constexpr bool kDeterministic = kDeterministic_;
   static constexpr int kWarpsMSdP = kWarpsMSdP_, kWarpsNdKV = kWarpsNdKV_, kWarpsMdQ = kWarpsMdQ_;
 
@@ -90,32 +92,39 @@ __device__ __forceinline__ void bwd_kernel(BwdParams const& p) {
   extern __shared__ __align__(128) char smem_buf[];
 
   const int tidx = threadIdx.x;
-  const int n_block = blockIdx.x, head_k = blockIdx.y, batch = blockIdx.z;
+  const int head_k = blockIdx.y;
+  int n_block = blockIdx.x, batch = blockIdx.z;
+  if constexpr (T::kVarlen) {  // the grid's x runs over every entry's key tiles
+    const int2 tile = varlen_tile(p.cu_seqlens_k, p.batch, p.seqlen_k, n_block,
+                                  [](int len) { return (len + kBlockN - 1) / kBlockN; });
+    if (tile.x < 0) return;
+    batch = tile.x;
+    n_block = tile.y;
+  }
+  const SeqInfo seq = seq_info<T::kVarlen>(p, batch);
+  const int seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k;
   const int group = p.nheads / p.nheads_k;
-  const int diag = p.seqlen_k - p.seqlen_q;  // bottom-right alignment of causal/local masks
+  const int diag = seqlen_k - seqlen_q;  // bottom-right alignment of causal/local masks
   const int col0 = n_block * kBlockN;
 
   // Query tiles [m_min, m_max) holding a row that sees a key of this tile (query i sees key j iff
   // i + diag - window_left <= j <= i + diag + window_right).
-  int m_min = 0, m_max = (p.seqlen_q + kBlockM - 1) / kBlockM;
+  int m_min = 0, m_max = (seqlen_q + kBlockM - 1) / kBlockM;
   if constexpr (MaskBounds<T::kMask>::kRight) m_min = max(0, col0 - diag - p.window_right) / kBlockM;
   if constexpr (kLeftBound) {
     const int last_row = col0 + kBlockN - 1 - diag + p.window_left;
     m_max = last_row < 0 ? 0 : min(m_max, last_row / kBlockM + 1);
   }
 
-  auto* k_ptr = static_cast<const Element*>(p.k) + batch * p.k_batch_stride + head_k * p.k_head_stride;
-  auto* v_ptr = static_cast<const Element*>(p.v) + batch * p.v_batch_stride + head_k * p.v_head_stride;
-  auto* dk_ptr = static_cast<Element*>(p.dk) + batch * p.dk_batch_stride + head_k * p.dk_head_stride;
-  auto* dv_ptr = static_cast<Element*>(p.dv) + batch * p.dv_batch_stride + head_k * p.dv_head_stride;
-  auto kv_tile = [&](auto* ptr, int64_t row_stride) {
-    return local_tile(make_tensor(make_gmem_ptr(ptr), make_shape(p.seqlen_k, Int<kD>{}), make_stride(row_stride, _1{})),
+  auto kv_tile = [&](auto* base, int64_t batch_stride, int64_t row_stride, int64_t head_stride) {
+    auto* ptr = base + batch * batch_stride + seq.k_start * row_stride + head_k * head_stride;
+    return local_tile(make_tensor(make_gmem_ptr(ptr), make_shape(seqlen_k, Int<kD>{}), make_stride(row_stride, _1{})),
                       Shape<Int<kBlockN>, Int<kD>>{}, make_coord(n_block, 0));
   };
-  Tensor gK = kv_tile(k_ptr, p.k_row_stride);
-  Tensor gV = kv_tile(v_ptr, p.v_row_stride);
-  Tensor gdK = kv_tile(dk_ptr, p.dk_row_stride);
-  Tensor gdV = kv_tile(dv_ptr, p.dv_row_stride);
+  Tensor gK = kv_tile(static_cast<const Element*>(p.k), p.k_batch_stride, p.k_row_stride, p.k_head_stride);
+  Tensor gV = kv_tile(static_cast<const Element*>(p.v), p.v_batch_stride, p.v_row_stride, p.v_head_stride);
+  Tensor gdK = kv_tile(static_cast<Element*>(p.dk), p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
+  Tensor gdV = kv_tile(static_cast<Element*>(p.dv), p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
 
   Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem_buf)), typename T::SmemLayoutQ{});
   Tensor sdO = make_tensor(sQ.data() + size(sQ), typename T::SmemLayoutQ{});
@@ -133,8 +142,8 @@ __device__ __forceinline__ void bwd_kernel(BwdParams const& p) {
   Tensor tdOsdO = load_thr.partition_D(sdO);
   Tensor tQcQ = load_thr.partition_D(cQ);
   Tensor tKVcKV = load_thr.partition_D(cKV);
-  copy_zfill(load, load_thr.partition_S(gK), load_thr.partition_D(sK), tKVcKV, p.seqlen_k - col0, T::kHeadDim);
-  copy_zfill(load, load_thr.partition_S(gV), load_thr.partition_D(sV), tKVcKV, p.seqlen_k - col0, T::kHeadDim);
+  copy_zfill(load, load_thr.partition_S(gK), load_thr.partition_D(sK), tKVcKV, seqlen_k - col0, T::kHeadDim);
+  copy_zfill(load, load_thr.partition_S(gV), load_thr.partition_D(sV), tKVcKV, seqlen_k - col0, T::kHeadDim);
   cp_async_fence();
 
   // Operand fragments (the MMAs' own layouts; a transposed operand's fragment only needs its shape).
@@ -203,22 +212,23 @@ __device__ __forceinline__ void bwd_kernel(BwdParams const& p) {
 
   for (int g = 0; g < group; ++g) {
     const int head = head_k * group + g;
-    const int64_t bh = int64_t(batch) * p.nheads + head;
     auto q_tiles = [&](const void* ptr, int64_t batch_stride, int64_t row_stride, int64_t head_stride) {
-      auto* base = static_cast<const Element*>(ptr) + batch * batch_stride + head * head_stride;
-      return local_tile(make_tensor(make_gmem_ptr(base), make_shape(p.seqlen_q, Int<kD>{}), make_stride(row_stride, _1{})),
+      auto* base = static_cast<const Element*>(ptr) + batch * batch_stride + seq.q_start * row_stride +
+                   head * head_stride;
+      return local_tile(make_tensor(make_gmem_ptr(base), make_shape(seqlen_q, Int<kD>{}), make_stride(row_stride, _1{})),
                         Shape<Int<kBlockM>, Int<kD>>{}, make_coord(_, 0));  // (BM, D, m)
     };
     Tensor tQgQ = load_thr.partition_S(q_tiles(p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride));
     Tensor tdOgdO = load_thr.partition_S(q_tiles(p.dout, p.do_batch_stride, p.do_row_stride, p.do_head_stride));
-    const float* lse_ptr = p.lse_log2 + bh * p.seqlen_q_rounded;
-    const float* dsum_ptr = p.dsum + bh * p.seqlen_q_rounded;
-    float* dq_acc_ptr = p.dq_accum + bh * p.seqlen_q_rounded * kD;
+    const int64_t acc0 = acc_row0(p, T::kVarlen, batch, head, seq.q_start);
+    const float* lse_ptr = p.lse_log2 + acc0;
+    const float* dsum_ptr = p.dsum + acc0;
+    float* dq_acc_ptr = p.dq_accum + acc0 * kD;
     float slope = 0.f;
     if constexpr (T::kAlibi) slope = p.alibi_slopes[batch * p.alibi_batch_stride + head] * p.alibi_scale;
 
     auto load_q_do = [&](int m, int stage) {
-      const int rows = p.seqlen_q - m * kBlockM;
+      const int rows = seqlen_q - m * kBlockM;
       copy_zfill(load, tQgQ(_, _, _, m), tQsQ(_, _, _, stage), tQcQ, rows, T::kHeadDim);
       copy_zfill(load, tdOgdO(_, _, _, m), tdOsdO(_, _, _, stage), tQcQ, rows, T::kHeadDim);
     };
@@ -240,7 +250,7 @@ __device__ __forceinline__ void bwd_kernel(BwdParams const& p) {
       float lse_log2[kRows], dsum[kRows];
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) {
-        const int row = row0 + get<0>(tScS_rc(r, 0));  // < seqlen_q_rounded: the buffers are padded
+        const int row = row0 + get<0>(tScS_rc(r, 0));  // may pass seqlen_q: the buffers are padded
         lse_log2[r] = lse_ptr[row];
         dsum[r] = dsum_ptr[row];
       }
@@ -263,8 +273,8 @@ __device__ __forceinline__ void bwd_kernel(BwdParams const& p) {
         }
       }
       if constexpr (T::kAlibi) add_alibi(s, tScS_rc, row0, col0, diag, slope);
-      if (tile_is_cut<T::kMask>(row0, kBlockM, col0, kBlockN, p.seqlen_k, diag, p.window_left, p.window_right)) {
-        mask_tile<T::kMask>(s, tScS_rc, row0, col0, p.seqlen_k, diag, p.window_left, p.window_right);
+      if (tile_is_cut<T::kMask>(row0, kBlockM, col0, kBlockN, seqlen_k, diag, p.window_left, p.window_right)) {
+        mask_tile<T::kMask>(s, tScS_rc, row0, col0, seqlen_k, diag, p.window_left, p.window_right);
       }
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) {
@@ -305,7 +315,7 @@ __device__ __forceinline__ void bwd_kernel(BwdParams const& p) {
       if constexpr (T::kDeterministic) {
         // The CTAs adding into this query tile take turns in key-tile order, starting at the first key tile
         // whose CTA visits it.
-        semaphore = p.dq_semaphore + bh * p.num_m_blocks + m;
+        semaphore = p.dq_semaphore + acc0 + row0;
         const int first = kLeftBound ? max(0, row0 + diag - p.window_left) / kBlockN : 0;
         if (tidx == 0) {
           while (ld_acquire(semaphore) != n_block - first) {
@@ -350,9 +360,9 @@ __device__ __forceinline__ void bwd_kernel(BwdParams const& p) {
   typename T::GmemStore store;
   auto store_thr = store.get_thread_slice(tidx);
   Tensor tKVcKV_st = store_thr.partition_D(cKV);
-  copy_predicated(store, store_thr.partition_S(sK), store_thr.partition_D(gdK), tKVcKV_st, p.seqlen_k - col0,
+  copy_predicated(store, store_thr.partition_S(sK), store_thr.partition_D(gdK), tKVcKV_st, seqlen_k - col0,
                   T::kHeadDim);
-  copy_predicated(store, store_thr.partition_S(sV), store_thr.partition_D(gdV), tKVcKV_st, p.seqlen_k - col0,
+  copy_predicated(store, store_thr.partition_S(sV), store_thr.partition_D(gdV), tKVcKV_st, seqlen_k - col0,
                   T::kHeadDim);
 }
 

@@ -11,8 +11,10 @@ struct FwdParams {
   const void* k;
   const void* v;
   void* o;
-  float* lse;                  // (batch, nheads, seqlen_q), contiguous
+  float* lse;                  // (batch, nheads, seqlen_q), or (nheads, total_q) when varlen
   const float* alibi_slopes;   // (nheads,) or (batch, nheads); nullptr unless the kernel is built with ALiBi
+  const int* cu_seqlens_q;     // (batch + 1) row offsets of a packed ragged batch; varlen kernels only
+  const int* cu_seqlens_k;
 
   // Element strides; the last dim of every tensor is contiguous.
   int64_t q_batch_stride, q_row_stride, q_head_stride;
@@ -20,8 +22,10 @@ struct FwdParams {
   int64_t v_batch_stride, v_row_stride, v_head_stride;
   int64_t o_batch_stride, o_row_stride, o_head_stride;
   int64_t alibi_batch_stride;  // 0 when the slopes are shared across the batch
+  int64_t lse_batch_stride, lse_head_stride;
 
-  int batch, nheads, nheads_k, seqlen_q, seqlen_k;
+  int batch, nheads, nheads_k;
+  int seqlen_q, seqlen_k;  // per entry when dense; the packed totals when varlen (seq_info.cuh)
   // Visible keys of query i: [i + seqlen_k - seqlen_q - window_left, i + seqlen_k - seqlen_q + window_right].
   // The host turns "infinite" (-1) into a bound past the sequence, so the kernel compares plain integers.
   int window_left, window_right;

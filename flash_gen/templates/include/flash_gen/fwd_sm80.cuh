@@ -5,13 +5,14 @@
 #pragma once
 #include "flash_gen/attn_mask.cuh"
 #include "flash_gen/fwd_params.cuh"
+#include "flash_gen/seq_info.cuh"
 #include "flash_gen/sm80_ldsm.cuh"
 #include "flash_gen/sm80_utils.cuh"
 
 namespace flash_gen {
 
 template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, int kStages_, bool kQInRegs_,
-          bool kLateVWait_, Mask kMask_, bool kSoftcap_, bool kAlibi_>
+          bool kLateVWait_, Mask kMask_, bool kSoftcap_, bool kAlibi_, bool kVarlen_>
 struct FwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;                 // what loads and stores touch
@@ -26,6 +27,7 @@ struct FwdTraits {
   static constexpr Mask kMask = kMask_;
   static constexpr bool kSoftcap = kSoftcap_;
   static constexpr bool kAlibi = kAlibi_;
+  static constexpr bool kVarlen = kVarlen_;
   static constexpr bool kHasRightBound = MaskBounds<kMask>::kRight;
   static constexpr bool kHasLeftBound = MaskBounds<kMask>::kLeft;
   static_assert(kBlockM % (16 * kNWarps) == 0, "each warp owns whole 16-row MMA tiles");
@@ -57,40 +59,53 @@ __device__ __forceinline__ void fwd_kernel(FwdParams const& p) {
   extern __shared__ __align__(128) char smem_buf[];
 
   const int tidx = threadIdx.x;
+  const int head = blockIdx.y;
   // Within a head, the last query tiles see the most keys under a causal mask: start them first.
-  const int m_block = gridDim.x - 1 - blockIdx.x;
-  const int head = blockIdx.y, batch = blockIdx.z;
+  int m_block = gridDim.x - 1 - blockIdx.x, batch = blockIdx.z;
+  if constexpr (T::kVarlen) {  // the grid's x runs over every entry's query tiles
+    const int2 tile = varlen_tile(p.cu_seqlens_q, p.batch, p.seqlen_q, m_block,
+                                  [](int len) { return (len + kBlockM - 1) / kBlockM; });
+    if (tile.x < 0) return;
+    batch = tile.x;
+    m_block = tile.y;
+  }
+  const SeqInfo seq = seq_info<T::kVarlen>(p, batch);
+  const int seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k;
   const int head_k = head / (p.nheads / p.nheads_k);
   const int row0 = m_block * kBlockM;
-  const int diag = p.seqlen_k - p.seqlen_q;  // bottom-right alignment of causal/local masks
+  const int diag = seqlen_k - seqlen_q;  // bottom-right alignment of causal/local masks
 
   // Key tiles [n_min, n_max) that any row of this query tile can see.
-  int n_max = (p.seqlen_k + kBlockN - 1) / kBlockN;
+  int n_max = (seqlen_k + kBlockN - 1) / kBlockN;
   int n_min = 0;
   if constexpr (T::kHasRightBound) {
-    const int last_col = min(row0 + kBlockM, p.seqlen_q) - 1 + diag + p.window_right;  // inclusive
+    const int last_col = min(row0 + kBlockM, seqlen_q) - 1 + diag + p.window_right;  // inclusive
     n_max = min(n_max, max(0, last_col + kBlockN) / kBlockN);
   }
   if constexpr (T::kHasLeftBound) {
     n_min = max(0, row0 + diag - p.window_left) / kBlockN;
   }
 
-  auto* q_ptr = static_cast<const Element*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride;
-  auto* k_ptr = static_cast<const Element*>(p.k) + batch * p.k_batch_stride + head_k * p.k_head_stride;
-  auto* v_ptr = static_cast<const Element*>(p.v) + batch * p.v_batch_stride + head_k * p.v_head_stride;
-  auto* o_ptr = static_cast<Element*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride;
-  float* lse_ptr = p.lse + (int64_t(batch) * p.nheads + head) * p.seqlen_q;
+  auto* q_ptr = static_cast<const Element*>(p.q) + batch * p.q_batch_stride + seq.q_start * p.q_row_stride +
+               head * p.q_head_stride;
+  auto* k_ptr = static_cast<const Element*>(p.k) + batch * p.k_batch_stride + seq.k_start * p.k_row_stride +
+               head_k * p.k_head_stride;
+  auto* v_ptr = static_cast<const Element*>(p.v) + batch * p.v_batch_stride + seq.k_start * p.v_row_stride +
+               head_k * p.v_head_stride;
+  auto* o_ptr = static_cast<Element*>(p.o) + batch * p.o_batch_stride + seq.q_start * p.o_row_stride +
+               head * p.o_head_stride;
+  float* lse_ptr = p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride + seq.q_start;
 
-  Tensor gQ = local_tile(make_tensor(make_gmem_ptr(q_ptr), make_shape(p.seqlen_q, Int<kD>{}),
+  Tensor gQ = local_tile(make_tensor(make_gmem_ptr(q_ptr), make_shape(seqlen_q, Int<kD>{}),
                                      make_stride(p.q_row_stride, _1{})),
                          Shape<Int<kBlockM>, Int<kD>>{}, make_coord(m_block, 0));
-  Tensor gO = local_tile(make_tensor(make_gmem_ptr(o_ptr), make_shape(p.seqlen_q, Int<kD>{}),
+  Tensor gO = local_tile(make_tensor(make_gmem_ptr(o_ptr), make_shape(seqlen_q, Int<kD>{}),
                                      make_stride(p.o_row_stride, _1{})),
                          Shape<Int<kBlockM>, Int<kD>>{}, make_coord(m_block, 0));
-  Tensor gK = local_tile(make_tensor(make_gmem_ptr(k_ptr), make_shape(p.seqlen_k, Int<kD>{}),
+  Tensor gK = local_tile(make_tensor(make_gmem_ptr(k_ptr), make_shape(seqlen_k, Int<kD>{}),
                                      make_stride(p.k_row_stride, _1{})),
                          Shape<Int<kBlockN>, Int<kD>>{}, make_coord(_, 0));  // (BN, D, n)
-  Tensor gV = local_tile(make_tensor(make_gmem_ptr(v_ptr), make_shape(p.seqlen_k, Int<kD>{}),
+  Tensor gV = local_tile(make_tensor(make_gmem_ptr(v_ptr), make_shape(seqlen_k, Int<kD>{}),
                                      make_stride(p.v_row_stride, _1{})),
                          Shape<Int<kBlockN>, Int<kD>>{}, make_coord(_, 0));
 
@@ -112,13 +127,13 @@ __device__ __forceinline__ void fwd_kernel(FwdParams const& p) {
     for (int m = 0; m < size<1>(tOgO); ++m) {
       CUTE_UNROLL
       for (int k = 0; k < size<2>(tOgO); ++k) {
-        if (row0 + get<0>(tOcO(0, m, k)) < p.seqlen_q && get<1>(tOcO(0, m, k)) < T::kHeadDim) {
+        if (row0 + get<0>(tOcO(0, m, k)) < seqlen_q && get<1>(tOcO(0, m, k)) < T::kHeadDim) {
           *reinterpret_cast<uint4*>(&tOgO(0, m, k)) = make_uint4(0, 0, 0, 0);  // 8 elements of +0.0
         }
       }
     }
     for (int r = tidx; r < kBlockM; r += T::kNThreads) {
-      if (row0 + r < p.seqlen_q) lse_ptr[row0 + r] = inf();
+      if (row0 + r < seqlen_q) lse_ptr[row0 + r] = inf();
     }
     return;
   }
@@ -134,12 +149,12 @@ __device__ __forceinline__ void fwd_kernel(FwdParams const& p) {
   Tensor tVsV = load_thr.partition_D(sV);
   Tensor tKVcKV = load_thr.partition_D(cKV);
 
-  const int q_rows = p.seqlen_q - row0;
+  const int q_rows = seqlen_q - row0;
   auto load_k = [&](int n, int stage) {
-    copy_zfill(load, tKgK(_, _, _, n), tKsK(_, _, _, stage), tKVcKV, p.seqlen_k - n * kBlockN, T::kHeadDim);
+    copy_zfill(load, tKgK(_, _, _, n), tKsK(_, _, _, stage), tKVcKV, seqlen_k - n * kBlockN, T::kHeadDim);
   };
   auto load_v = [&](int n, int stage) {
-    copy_zfill(load, tVgV(_, _, _, n), tVsV(_, _, _, stage), tKVcKV, p.seqlen_k - n * kBlockN, T::kHeadDim);
+    copy_zfill(load, tVgV(_, _, _, n), tVsV(_, _, _, stage), tKVcKV, seqlen_k - n * kBlockN, T::kHeadDim);
   };
 
   typename T::TiledMma mma;
@@ -252,8 +267,8 @@ __device__ __forceinline__ void fwd_kernel(FwdParams const& p) {
     }
     if constexpr (T::kAlibi) add_alibi(s, tScS_rc, row0, n * kBlockN, diag, slope);
     // Per-element masking only where this tile crosses the sequence end or a mask boundary.
-    if (tile_is_cut<T::kMask>(row0, kBlockM, n * kBlockN, kBlockN, p.seqlen_k, diag, p.window_left, p.window_right)) {
-      mask_tile<T::kMask>(s, tScS_rc, row0, n * kBlockN, p.seqlen_k, diag, p.window_left, p.window_right);
+    if (tile_is_cut<T::kMask>(row0, kBlockM, n * kBlockN, kBlockN, seqlen_k, diag, p.window_left, p.window_right)) {
+      mask_tile<T::kMask>(s, tScS_rc, row0, n * kBlockN, seqlen_k, diag, p.window_left, p.window_right);
     }
 
     // Online softmax in base 2: p = exp2(s*scale_log2 - max*scale_log2), one FFMA per element.
@@ -300,7 +315,7 @@ __device__ __forceinline__ void fwd_kernel(FwdParams const& p) {
     CUTE_UNROLL
     for (int c = 0; c < size<1>(o_rc); ++c) o_rc(r, c) *= inv;
     const int row = get<0>(tOcO_rc(r, 0));
-    if (get<1>(tOcO_rc(r, 0)) == 0 && row0 + row < p.seqlen_q) {
+    if (get<1>(tOcO_rc(r, 0)) == 0 && row0 + row < seqlen_q) {
       lse_ptr[row0 + row] = empty ? inf() : (row_max[r] * p.scale_log2 + log2f(sum)) * 0.69314718055994531f;
     }
   }
