@@ -13,6 +13,8 @@ _API = (
     "flash_attn_varlen_func",
     "flash_attn_varlen_kvpacked_func",
     "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_with_kvcache",
+    "merge_attention_states",
 )
 __all__ = [*_API, "__version__"]
 

@@ -9,7 +9,6 @@ Never imports optuna.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import itertools
 import os
 import sys
@@ -99,11 +98,11 @@ def _variants(args: argparse.Namespace) -> list[tuple]:
     direction that is feasible for the key)."""
     out = []
     for arch, dtype, hdim, mask in itertools.product(args.arch, args.dtype, args.hdim, args.mask):
-        fwd = spec.FwdKey(arch, dtype, hdim, mask, args.softcap, args.alibi, args.varlen)
+        fwd = spec.FwdKey(arch, dtype, hdim, mask, args.softcap, args.alibi, args.varlen, args.kv, args.split)
         if "fwd" in args.direction:
             out += _with_configs(fwd, spec.default_config, spec.config_from_name, spec.infeasible_reason, args)
-        if "bwd" in args.direction:
-            bwd = spec_bwd.BwdKey(**dataclasses.asdict(fwd), deterministic=args.deterministic)
+        if "bwd" in args.direction and args.kv == "dense":  # KV-cache kernels are forward-only
+            bwd = spec_bwd.BwdKey(arch, dtype, hdim, mask, args.softcap, args.alibi, args.varlen, args.deterministic)
             out += _with_configs(bwd, spec_bwd.default_bwd_config, spec_bwd.bwd_config_from_name,
                                  spec_bwd.bwd_infeasible_reason, args)
     return out
@@ -231,6 +230,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--softcap", action="store_true", help="compile the softcap variants")
     p.add_argument("--alibi", action="store_true", help="compile the ALiBi variants")
     p.add_argument("--varlen", action="store_true", help="compile the packed ragged-batch (cu_seqlens) variants")
+    p.add_argument("--kv", default="dense", choices=spec.KV_LAYOUTS, help="K/V layout: dense, KV cache, paged cache")
+    p.add_argument("--split", action="store_true", help="split-KV variants (KV-cache kernels)")
     p.add_argument("--direction", type=_csv(str, ("fwd", "bwd")), default=("fwd",),
                    help="fwd, bwd or fwd,bwd (default: fwd)")
     p.add_argument("--deterministic", action="store_true", help="backward kernels with ordered dQ accumulation")

@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from flash_gen.validate import FwdArgs, check_bwd, check_packed, lse_shape, validate_fwd
+from flash_gen.validate import FwdArgs, check_bwd, check_packed, lse_shape, validate_fwd, validate_kvcache
 
 # Trailing arguments every op takes, in this order: the ragged-batch offsets, the attention's semantics and the
 # backward's dQ order. cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
@@ -33,10 +33,14 @@ def _validated(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q, cu_seqlens_k, soft
                         alibi_slopes=alibi_slopes)
 
 
+def _score_kwargs(args: FwdArgs, alibi_slopes: Optional[Tensor]) -> dict:
+    return dict(softmax_scale=args.softmax_scale, causal=args.causal, window_size=args.window_size,
+                softcap=args.softcap, alibi_slopes=alibi_slopes)
+
+
 def _runtime_kwargs(args: FwdArgs, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
                     alibi_slopes: Optional[Tensor]) -> dict:
-    return dict(softmax_scale=args.softmax_scale, causal=args.causal, window_size=args.window_size,
-                softcap=args.softcap, alibi_slopes=alibi_slopes, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    return dict(_score_kwargs(args, alibi_slopes), cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
 
 
 def _forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left,
@@ -179,6 +183,54 @@ def bwd_qkvpacked(dout: Tensor, qkv: Tensor, out: Tensor, lse: Tensor, cu_seqlen
 @bwd_qkvpacked.register_fake
 def _(dout, qkv, out, lse, *attn):
     return torch.empty_like(qkv, memory_format=torch.contiguous_format)
+
+
+# --- KV cache (inference; no gradient) ------------------------------------------------------------------------
+
+
+@torch.library.custom_op("flash_gen::fwd_kvcache", mutates_args=("k_cache", "v_cache"))
+def fwd_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor], v: Optional[Tensor],
+                rotary_cos: Optional[Tensor], rotary_sin: Optional[Tensor], cache_seqlens: Optional[Tensor],
+                cache_seqlens_int: int, cache_batch_idx: Optional[Tensor], cache_leftpad: Optional[Tensor],
+                block_table: Optional[Tensor], softmax_scale: Optional[float], causal: bool, window_left: int,
+                window_right: int, softcap: float, rotary_interleaved: bool, alibi_slopes: Optional[Tensor],
+                num_splits: int) -> tuple[Tensor, Tensor]:
+    """flash_attn_with_kvcache (cache_seqlens_int: the int form of cache_seqlens, -1 for none)."""
+    seqlens = cache_seqlens if cache_seqlens is not None else (None if cache_seqlens_int < 0 else cache_seqlens_int)
+    checked = validate_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, seqlens, cache_batch_idx,
+                               cache_leftpad, block_table, softmax_scale=softmax_scale, causal=causal,
+                               window_size=(window_left, window_right), softcap=softcap,
+                               alibi_slopes=alibi_slopes, num_splits=num_splits)
+    from flash_gen.runtime import kvcache
+    from flash_gen.runtime.fwd import KvCache, attention_fwd_kvcache
+
+    args = checked.attn
+    start = seqlens if isinstance(seqlens, Tensor) else None
+    if start is None and seqlens is not None and (checked.new_rows or checked.rotary):
+        start = torch.full((args.batch,), seqlens, dtype=torch.int32, device=q.device)
+    if checked.rotary:
+        # New keys sit at rows start + i; queries at start + i too under a causal/local mask, else all at start.
+        q_pos = kvcache.positions(start, q.shape[1]) if args.mask != "none" else start.long()[:, None].expand(
+            -1, q.shape[1])
+        q = kvcache.apply_rotary(q, rotary_cos, rotary_sin, q_pos, rotary_interleaved)
+        if k is not None:
+            k = kvcache.apply_rotary(k, rotary_cos, rotary_sin, kvcache.positions(start, k.shape[1]),
+                                     rotary_interleaved)
+    if k is not None:
+        kvcache.append_kv(k_cache, v_cache, k, v, kvcache.positions(start, k.shape[1]), cache_batch_idx, block_table)
+    used = None if isinstance(seqlens, Tensor) or seqlens is None else seqlens + checked.new_rows
+    seqused = None
+    if isinstance(seqlens, Tensor):
+        seqused = seqlens + checked.new_rows if checked.new_rows else seqlens
+    cache = KvCache(seqused_k=seqused, used=used, leftpad_k=cache_leftpad, batch_idx=cache_batch_idx,
+                    block_table=block_table, num_splits=checked.num_splits)
+    return attention_fwd_kvcache(q, k_cache, v_cache, cache, **_score_kwargs(args, alibi_slopes))
+
+
+@fwd_kvcache.register_fake
+def _(q, *args):
+    b, s, h, _ = q.shape
+    return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty((b, h, s), dtype=torch.float32)
 
 
 # --- autograd -------------------------------------------------------------------------------------------------

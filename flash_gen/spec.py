@@ -18,7 +18,8 @@ from typing import Iterator
 ARCHS = ("sm80", "sm90", "sm100")
 DTYPES = ("fp16", "bf16")
 MASKS = ("none", "causal", "local")
-_FEATURES = ("softcap", "alibi", "varlen")  # boolean FwdKey fields, in name order
+KV_LAYOUTS = ("dense", "cache", "paged")
+_FEATURES = ("softcap", "alibi", "varlen", "split")  # boolean FwdKey fields, in name order
 HEAD_DIMS = tuple(range(8, 257, 8))
 
 # Per-arch limits used to prune configs before compiling (dynamic shared memory per block, in bytes).
@@ -45,6 +46,11 @@ class FwdKey:
     softcap: bool = False
     alibi: bool = False
     varlen: bool = False  # packed ragged batch: rows found through cu_seqlens (flash_attn_varlen_func)
+    # Where K/V rows live (flash_attn_with_kvcache): "dense" tensors; a "cache" read tile by tile (contiguous,
+    # or pages that hold whole key tiles), with per-entry used length, left padding and batch index; "paged":
+    # any page size, each row found through the block table.
+    kv: str = "dense"
+    split: bool = False  # split-KV: each CTA covers a share of the keys and writes fp32 partials to combine
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
@@ -55,10 +61,17 @@ class FwdKey:
             raise ValueError(f"head_dim must be a multiple of 8 in [8, 256], got {self.head_dim!r}")
         if self.mask not in MASKS:
             raise ValueError(f"mask must be one of {MASKS}, got {self.mask!r}")
+        if self.kv not in KV_LAYOUTS:
+            raise ValueError(f"kv must be one of {KV_LAYOUTS}, got {self.kv!r}")
+        if self.kv != "dense" and self.varlen:
+            raise ValueError("a KV cache (kv != 'dense') takes dense queries: varlen must be False")
+        if self.split and self.kv == "dense":
+            raise ValueError("split-KV is built for KV-cache kernels only (kv != 'dense')")
 
     @property
     def name(self) -> str:
         feats = "".join(f"_{f}" for f in _FEATURES if getattr(self, f))
+        feats += "" if self.kv == "dense" else f"_kv{self.kv}"
         return f"fwd_{self.arch}_{self.dtype}_hd{self.head_dim}_{self.mask}{feats}"
 
 
@@ -159,7 +172,11 @@ def default_config(key: FwdKey) -> FwdConfig:
       falls back to one stage).
     """
     d = mma_head_dim(key.head_dim)
-    if d <= 80:
+    if key.kv != "dense":
+        # Decoding: a handful of query rows per CTA, so the MMAs idle and the kernel is bound by K/V bytes: the
+        # smallest query tile, long key tiles and a two-stage ring keep loads in flight.
+        prefs = [FwdConfig(64, 128, 4, 2), FwdConfig(64, 64, 4, 2), FwdConfig(64, 64, 4, 1), FwdConfig(64, 32, 4, 1)]
+    elif d <= 80:
         prefs = [FwdConfig(128, 64, 4, 1), FwdConfig(64, 64, 4, 1)]
     elif d <= 128:
         prefs = [FwdConfig(128, 64, 4, 1, late_v_wait=True)] if key.arch == "sm90" else []
@@ -182,9 +199,12 @@ def enumerate_keys(
     varlen: tuple[bool, ...] = (False, True),
 ) -> Iterator[FwdKey]:
     """The forward key space: every (arch, dtype, head dim, mask, softcap, alibi, varlen) combination."""
+    layouts = [(packed, "dense", False) for packed in varlen] + [
+        (False, kv, split) for kv in KV_LAYOUTS[1:] for split in (False, True)
+    ]
     for arch, dtype, hd, mask in itertools.product(archs, dtypes, head_dims, masks):
-        for softcap, alibi, packed in itertools.product((False, True), (False, True), varlen):
-            yield FwdKey(arch, dtype, hd, mask, softcap, alibi, packed)
+        for softcap, alibi, (packed, kv, split) in itertools.product((False, True), (False, True), layouts):
+            yield FwdKey(arch, dtype, hd, mask, softcap, alibi, packed, kv, split)
 
 
 def enumerate_configs(key: FwdKey) -> Iterator[FwdConfig]:
@@ -209,10 +229,12 @@ def key_from_name(name: str) -> FwdKey:
     if len(parts) < 5 or parts[0] != "fwd" or not parts[3].startswith("hd"):
         raise ValueError(f"not a forward kernel key name: {name!r}")
     feats = set(parts[5:])
-    unknown = feats - set(_FEATURES)
-    if unknown:
-        raise ValueError(f"unknown feature(s) {sorted(unknown)} in key name {name!r}")
-    return FwdKey(parts[1], parts[2], int(parts[3][2:]), parts[4], **{f: f in feats for f in _FEATURES})
+    kvs = {f for f in feats if f[2:] in KV_LAYOUTS[1:] and f.startswith("kv")}
+    unknown = feats - set(_FEATURES) - kvs
+    if unknown or len(kvs) > 1:
+        raise ValueError(f"unknown feature(s) {sorted(unknown or kvs)} in key name {name!r}")
+    kv = kvs.pop()[2:] if kvs else "dense"
+    return FwdKey(parts[1], parts[2], int(parts[3][2:]), parts[4], **{f: f in feats for f in _FEATURES}, kv=kv)
 
 
 def config_from_name(name: str) -> FwdConfig:

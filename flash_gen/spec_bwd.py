@@ -158,8 +158,11 @@ def enumerate_bwd_keys(
 ) -> Iterator[BwdKey]:
     """The backward key space: every forward key, in either dQ order."""
     for fwd in enumerate_keys(archs, dtypes, head_dims, masks, varlen):
+        if fwd.kv != "dense":  # KV caches serve inference: forward only
+            continue
+        fields = {f.name: getattr(fwd, f.name) for f in dataclasses.fields(BwdKey) if hasattr(fwd, f.name)}
         for det in deterministic:
-            yield BwdKey(**dataclasses.asdict(fwd), deterministic=det)
+            yield BwdKey(**{**fields, "deterministic": det})
 
 
 def bwd_config_from_name(name: str) -> BwdConfig:

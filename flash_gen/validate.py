@@ -233,6 +233,170 @@ def check_attn_args(
             _check_bool("deterministic", deterministic))
 
 
+@dataclass(frozen=True)
+class KvCacheArgs:
+    """Checked flash_attn_with_kvcache arguments beyond the attention's: what the host steps and the runtime's
+    KvCache need."""
+
+    attn: FwdArgs  # seqlen_k is the cache capacity (rows an entry can hold)
+    new_rows: int  # keys appended per entry (0 without k/v)
+    rotary: bool
+    num_splits: int
+
+
+def check_kvcache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor | None,
+    v: torch.Tensor | None,
+    rotary_cos: torch.Tensor | None,
+    rotary_sin: torch.Tensor | None,
+    cache_seqlens: torch.Tensor | int | None,
+    cache_batch_idx: torch.Tensor | None,
+    cache_leftpad: torch.Tensor | None,
+    block_table: torch.Tensor | None,
+    *,
+    softmax_scale: float | None,
+    causal: bool,
+    window_size: tuple[int, int],
+    softcap: float,
+    alibi_slopes: torch.Tensor | None,
+    num_splits: int,
+) -> KvCacheArgs:
+    """flash_attn_with_kvcache's contract (shapes, dtypes, layouts, devices, and under FLASH_GEN_DEBUG=1 the
+    index values). Raises TypeError / ValueError / NotImplementedError naming the argument."""
+    _require_tensor("q", q)
+    if q.dim() != 4:
+        raise ValueError(f"q: expected 4 dims (batch, seqlen_q, nheads, head_dim), got shape {tuple(q.shape)}")
+    if q.dtype not in _DTYPES:
+        raise TypeError(f"q: dtype must be torch.float16 or torch.bfloat16, got {q.dtype}")
+    batch, seqlen_q, nheads, head_dim = q.shape
+    if batch < 1 or nheads < 1:
+        raise ValueError(f"q: batch and nheads must be >= 1, got shape {tuple(q.shape)}")
+    if head_dim % 8 or not 8 <= head_dim <= MAX_HEAD_DIM:
+        raise ValueError(f"q: head_dim must be a multiple of 8 in [8, {MAX_HEAD_DIM}], got {head_dim}")
+    layout = "(num_blocks, page_size" if block_table is not None else "(batch_cache, seqlen_cache"
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        _require_tensor(name, t)
+        if t.dim() != 4:
+            raise ValueError(f"{name}: expected 4 dims {layout}, nheads_k, head_dim), got shape {tuple(t.shape)}")
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name}: dtype {t.dtype} differs from q's dtype {q.dtype}")
+    entries, rows, nheads_k, _ = k_cache.shape
+    _check_dim(k_cache, "k_cache", 3, "head_dim", head_dim, "q")
+    if nheads_k < 1 or nheads % nheads_k:
+        raise ValueError(f"k_cache: nheads_k={nheads_k} must be >= 1 and divide q's nheads={nheads}")
+    for axis, what in enumerate(("batch", "seqlen", "nheads_k", "head_dim")):
+        _check_dim(v_cache, "v_cache", axis, what, k_cache.shape[axis], "k_cache")
+    if entries < 1 or rows < 1:
+        raise ValueError(f"k_cache: needs at least one entry and one row, got shape {tuple(k_cache.shape)}")
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        _check_layout(name, t)
+
+    if block_table is not None:
+        _check_index("block_table", block_table, 2)
+        _check_dim(block_table, "block_table", 0, "batch", batch, "q")
+        if cache_batch_idx is not None:
+            raise ValueError("cache_batch_idx: not supported with a paged cache (block_table picks the pages)")
+        capacity = block_table.shape[1] * rows
+    else:
+        capacity = rows
+    for name, t in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
+        if t is not None:
+            _check_index(name, t, 1)
+            _check_dim(t, name, 0, "batch", batch, "q")
+    if cache_batch_idx is None and block_table is None and entries < batch:
+        raise ValueError(f"k_cache: {entries} cache entries for a batch of {batch} (pass cache_batch_idx?)")
+
+    new_rows = 0
+    if (k is None) != (v is None):
+        raise ValueError(f"{'v' if k is not None else 'k'}: k and v are appended together; pass both or neither")
+    if k is not None:
+        for name, t in (("k", k), ("v", v)):
+            _require_tensor(name, t)
+            if t.dim() != 4 or t.shape[0] != batch or tuple(t.shape[2:]) != (nheads_k, head_dim):
+                raise ValueError(f"{name}: expected shape ({batch}, seqlen_new, {nheads_k}, {head_dim}), got "
+                                 f"{tuple(t.shape)}")
+            if t.dtype != q.dtype:
+                raise TypeError(f"{name}: dtype {t.dtype} differs from q's dtype {q.dtype}")
+        _check_dim(v, "v", 1, "seqlen_new", k.shape[1], "k")
+        new_rows = k.shape[1]
+        if cache_seqlens is None:
+            raise ValueError("cache_seqlens: needed to append k and v (the row where each entry's new keys go)")
+    if isinstance(cache_seqlens, torch.Tensor):
+        _check_index("cache_seqlens", cache_seqlens, 1)
+        _check_dim(cache_seqlens, "cache_seqlens", 0, "batch", batch, "q")
+    elif cache_seqlens is not None:
+        if not isinstance(cache_seqlens, numbers.Integral) or isinstance(cache_seqlens, bool) or cache_seqlens < 0:
+            raise TypeError(f"cache_seqlens: expected an int32 tensor or an int >= 0, got {cache_seqlens!r}")
+        if cache_seqlens + new_rows > capacity:
+            raise ValueError(f"cache_seqlens: {cache_seqlens} + {new_rows} new rows exceed the cache's {capacity}")
+
+    rotary = rotary_cos is not None or rotary_sin is not None
+    if rotary:
+        for name, t in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+            _require_tensor(name, t)
+            if t.dim() != 2 or not t.is_floating_point() or 2 * t.shape[1] > head_dim or t.shape[1] < 1:
+                raise ValueError(f"{name}: expected a float (seqlen_ro, rotary_dim / 2) tensor with rotary_dim <= "
+                                 f"head_dim={head_dim}, got {tuple(t.shape)} {t.dtype}")
+        if rotary_sin.shape != rotary_cos.shape:
+            raise ValueError(f"rotary_sin: shape {tuple(rotary_sin.shape)} differs from rotary_cos's "
+                             f"{tuple(rotary_cos.shape)}")
+        if cache_seqlens is None:
+            raise ValueError("cache_seqlens: needed with rotary_cos/rotary_sin (the rotary positions start there)")
+    if not isinstance(num_splits, numbers.Integral) or isinstance(num_splits, bool) or num_splits < 0:
+        raise TypeError(f"num_splits: expected an int >= 0 (0 = heuristic), got {num_splits!r}")
+
+    alibi = _check_alibi(alibi_slopes, batch, nheads)
+    mask, window = derive_mask(_check_bool("causal", causal), _check_window(window_size), seqlen_q, capacity)
+    attn = FwdArgs(batch=batch, seqlen_q=seqlen_q, seqlen_k=capacity, nheads=nheads, nheads_k=nheads_k,
+                   head_dim=head_dim, dtype=_DTYPES[q.dtype],
+                   softmax_scale=head_dim**-0.5 if softmax_scale is None else _check_positive("softmax_scale",
+                                                                                              softmax_scale),
+                   mask=mask, window_size=window, softcap=_check_softcap(softcap), alibi=alibi)
+    return KvCacheArgs(attn=attn, new_rows=new_rows, rotary=rotary, num_splits=int(num_splits))
+
+
+def validate_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k, v, rotary_cos, rotary_sin,
+                     cache_seqlens, cache_batch_idx, cache_leftpad, block_table, **kwargs: Any) -> KvCacheArgs:
+    """`check_kvcache` (same arguments), then every tensor on q's CUDA device, and under FLASH_GEN_DEBUG=1 the
+    index values (a device-to-host copy): the full contract of flash_attn_with_kvcache."""
+    tensors = dict(k_cache=k_cache, v_cache=v_cache, k=k, v=v, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
+                   cache_seqlens=cache_seqlens, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
+                   block_table=block_table)
+    checked = check_kvcache(q, *tensors.values(), **kwargs)
+    others = {name: t for name, t in tensors.items() if isinstance(t, torch.Tensor)}
+    check_device(q, alibi_slopes=kwargs.get("alibi_slopes"), **others)
+    if settings.debug():
+        capacity = checked.attn.seqlen_k
+        _check_kvcache_values(cache_seqlens, checked.new_rows, capacity, cache_batch_idx, k_cache.shape[0],
+                              block_table)
+    return checked
+
+
+def _check_kvcache_values(cache_seqlens, new_rows: int, capacity: int, cache_batch_idx, entries: int,
+                          block_table) -> None:
+    """FLASH_GEN_DEBUG=1: the index values, which need a device-to-host copy."""
+    if isinstance(cache_seqlens, torch.Tensor) and cache_seqlens.numel():
+        lo, hi = int(cache_seqlens.min()), int(cache_seqlens.max())
+        if lo < 0 or hi + new_rows > capacity:
+            raise ValueError(f"cache_seqlens: values in [{lo}, {hi}] plus {new_rows} new rows must stay within the "
+                             f"cache's {capacity} rows")
+    for name, t, limit in (("cache_batch_idx", cache_batch_idx, entries), ("block_table", block_table, entries)):
+        if t is not None and t.numel() and (int(t.min()) < 0 or int(t.max()) >= limit):
+            raise ValueError(f"{name}: values must be in [0, {limit}), got [{int(t.min())}, {int(t.max())}]")
+
+
+def _check_index(name: str, t: object, dims: int) -> None:
+    _require_tensor(name, t)
+    if t.dtype != torch.int32:
+        raise TypeError(f"{name}: dtype must be torch.int32, got {t.dtype}")
+    if t.dim() != dims or t.stride(-1) != 1:
+        raise ValueError(f"{name}: expected a {dims}-D int32 tensor with a contiguous last dim, got shape "
+                         f"{tuple(t.shape)} strides {t.stride()}")
+
+
 def check_varlen_args(max_seqlen_q: object, max_seqlen_k: object, block_table: object) -> None:
     """The varlen functions' extra plain arguments: max_seqlen_* may be an int >= 0, a tensor or None (they are
     never needed); block_table is not supported yet."""
@@ -366,6 +530,11 @@ def _check_positive(name: str, x: object) -> float:
     if not (math.isfinite(x) and x > 0):
         raise ValueError(f"{name}: must be a positive finite float, got {x!r}")
     return float(x)
+
+
+def check_flag(name: str, x: object) -> bool:
+    """A bool argument, by name (TypeError otherwise)."""
+    return _check_bool(name, x)
 
 
 def _check_bool(name: str, x: object) -> bool:

@@ -1,7 +1,7 @@
 """Compile, on a machine without a GPU, every kernel the GPU tests and the default benchmark will ask for, into
 a kernel cache folder that a lent GPU machine then reads, so its minutes go to testing instead of NVRTC.
 
-    python3 scripts/prebuild_gpu_test_kernels.py [--arch sm90] [--out .kernels] [--suites fwd,bwd,varlen,bench]
+    python3 scripts/prebuild_gpu_test_kernels.py [--arch sm90] [--out .kernels] [--suites fwd,bwd,varlen,kvcache,bench]
 
 (--suites bwd limits it to one test module's kernels.) Then carry the folder (device tool: carry [".whl", ".kernels"]); scripts/device_check.sh points
 FLASH_GEN_CACHE_DIR at it. Cache keys cover the NVRTC and header-wheel versions, so on a mismatch the device
@@ -21,11 +21,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 
-def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "bench")) -> set:
-    """(key, config) pairs requested by tests/test_fwd_gpu.py ("fwd"), tests/test_bwd_gpu.py ("bwd"),
-    tests/test_varlen_gpu.py ("varlen") and `flash-gen bench`'s default shapes ("bench")."""
+def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvcache", "bench")) -> set:
+    """(key, config) pairs requested by tests/test_{fwd,bwd,varlen,kvcache}_gpu.py (suites "fwd", "bwd",
+    "varlen", "kvcache") and by `flash-gen bench`'s default shapes and the benchmarks/ scripts ("bench")."""
     import test_bwd_gpu as tb
     import test_fwd_gpu as t
+    import test_kvcache_gpu as tk
     import test_varlen_gpu as tv
 
     from flash_gen.spec import FwdKey, config_from_name, default_config
@@ -33,8 +34,8 @@ def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "benc
     from flash_gen.validate import derive_mask
 
     def default(dtype: str, head_dim: int, mask: str, softcap: bool = False, alibi: bool = False,
-                varlen: bool = False) -> tuple:
-        key = FwdKey(arch, dtype, head_dim, mask, softcap, alibi, varlen)
+                varlen: bool = False, kv: str = "dense", split: bool = False) -> tuple:
+        key = FwdKey(arch, dtype, head_dim, mask, softcap, alibi, varlen, kv, split)
         return key, default_config(key)
 
     def default_bwd(dtype: str, head_dim: int, mask: str, softcap: bool = False, alibi: bool = False,
@@ -60,6 +61,14 @@ def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "benc
             out.add(default_bwd(c.dtype, c.head_dim, mask, *feats, c.deterministic, varlen=True))
         out.add(default("bf16", 64, "causal", varlen=True))  # the packed-variant and CUDA-graph tests
         out.update(default_bwd("bf16", 64, "causal", deterministic=det, varlen=True) for det in (False, True))
+    if "kvcache" in suites:
+        for c in tk.CASES + [tk.Case(16, seqlen_q=4, splits=s) for s in (1, 2)] + [tk.Case(16, new=1, splits=3)]:
+            causal, window = t.MASKS[c.mask]
+            mask, _ = derive_mask(causal, window, c.seqlen_q, tk.CAPACITY)
+            kv = "paged" if c.page and (c.page % 128 or c.leftpad) else "cache"
+            out.add(default(c.dtype, c.head_dim, mask, c.feature == "softcap", c.feature == "alibi", kv=kv,
+                            split=c.splits != 1))
+        out.add(default("bf16", 64, "none"))  # merge_attention_states
     if "bwd" in suites:  # the autograd, determinism, compile, profiler and CUDA-graph tests
         for d in (64, 128):
             out.add(default("bf16", d, "causal"))
@@ -77,6 +86,8 @@ def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "benc
                 out.update((default("bf16", d, mask), default_bwd("bf16", d, mask)))
         for mask in ("none", "causal"):
             out.update((default("bf16", 128, mask, varlen=True), default_bwd("bf16", 128, mask, varlen=True)))
+            out.update(default("bf16", 128, mask, kv=kv, split=split) for kv in ("cache", "paged")
+                       for split in (False, True))  # benchmarks/bench_decode.py
     return out
 
 
@@ -84,7 +95,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", default="sm90")
     parser.add_argument("--out", type=Path, default=ROOT / ".kernels")
-    parser.add_argument("--suites", default="fwd,bwd,varlen,bench", help="comma list of fwd, bwd, varlen, bench")
+    parser.add_argument("--suites", default="fwd,bwd,varlen,kvcache,bench",
+                        help="comma list of fwd, bwd, varlen, kvcache, bench")
     parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
     os.environ["FLASH_GEN_CACHE_DIR"] = str(args.out.resolve())  # inherited by the worker processes

@@ -144,3 +144,33 @@ def test_varlen_plain_arguments_are_named(kwargs, exc, name):
     cu = torch.tensor([0, 100, TOTAL_Q], dtype=torch.int32)
     with pytest.raises(exc, match=f"^{name}"):
         api.flash_attn_varlen_func(q, q, q, cu, cu, **kwargs)
+
+
+def test_fake_kvcache_shapes():
+    q, cache = meta(B, 4, H, D), meta(7, 16, HK, D)
+    table = torch.empty(B, 5, dtype=torch.int32, device="meta")
+    out, lse = ops.fwd_kvcache(q, cache, cache, None, None, None, None, None, 30, None, None, table, None, True, -1,
+                               -1, 0.0, True, None, 0)
+    assert out.shape == q.shape and lse.shape == (B, H, 4) and lse.dtype == torch.float32
+
+
+def test_kvcache_function_names_bad_plain_arguments():
+    q = torch.randn(B, 1, H, 64, dtype=torch.bfloat16)
+    cache = torch.randn(B, 32, HK, 64, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="^cache_seqlens"):
+        api.flash_attn_with_kvcache(q, cache, cache, cache_seqlens=2.5)
+    with pytest.raises(TypeError, match="^return_softmax_lse"):
+        api.flash_attn_with_kvcache(q, cache, cache, return_softmax_lse=1)
+    with pytest.raises(ValueError, match="^q: flash_gen needs CUDA tensors"):
+        api.flash_attn_with_kvcache(q, cache, cache)
+
+
+def test_merge_attention_states_on_cpu():
+    out_a, out_b = torch.randn(B, SQ, H, 8), torch.randn(B, SQ, H, 8)
+    lse_a, lse_b = torch.randn(B, H, SQ), torch.randn(B, H, SQ)
+    out, lse = api.merge_attention_states(out_a, lse_a, out_b, lse_b)
+    torch.testing.assert_close(lse, torch.logaddexp(lse_a, lse_b))
+    wa = torch.exp(lse_a - lse).transpose(1, 2)[..., None]
+    torch.testing.assert_close(out, wa * out_a + (1 - wa) * out_b, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="^lse_b"):
+        api.merge_attention_states(out_a, lse_a, out_b, lse_b[:, :1])

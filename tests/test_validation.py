@@ -293,3 +293,49 @@ def test_varlen_offsets_values_are_checked_on_request():
     for bad in ([1, 5], [0, 5, 4], [0, 10]):
         with pytest.raises(ValueError, match="^cu_seqlens_q: must start at 0"):
             check_cu_seqlens_values("cu_seqlens_q", torch.tensor(bad, dtype=torch.int32), 9)
+
+
+def kvcache_args(**change):
+    from flash_gen.validate import check_kvcache
+
+    q = torch.randn(2, 1, H, D, dtype=torch.bfloat16)
+    cache = torch.randn(3, 64, HK, D, dtype=torch.bfloat16)
+    args = dict(q=q, k_cache=cache, v_cache=cache.clone(), k=None, v=None, rotary_cos=None, rotary_sin=None,
+                cache_seqlens=torch.tensor([5, 9], dtype=torch.int32), cache_batch_idx=None, cache_leftpad=None,
+                block_table=None)
+    args.update(change)
+    attn = dict(softmax_scale=None, causal=True, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, num_splits=0)
+    return check_kvcache(*args.values(), **attn)
+
+
+def test_kvcache_accepts_contiguous_and_paged_caches():
+    assert kvcache_args().attn.seqlen_k == 64
+    table = torch.zeros(2, 4, dtype=torch.int32)
+    paged = torch.randn(10, 16, HK, D, dtype=torch.bfloat16)
+    checked = kvcache_args(k_cache=paged, v_cache=paged.clone(), block_table=table)
+    assert checked.attn.seqlen_k == 64 and checked.new_rows == 0
+    new = torch.randn(2, 3, HK, D, dtype=torch.bfloat16)
+    cos = torch.rand(80, D // 4)
+    assert kvcache_args(k=new, v=new, rotary_cos=cos, rotary_sin=cos).rotary
+
+
+@pytest.mark.parametrize(
+    "change,exc,match",
+    [
+        (dict(block_table=torch.zeros(2, 4, dtype=torch.int64)), TypeError, "^block_table: dtype"),
+        (dict(block_table=torch.zeros(3, 4, dtype=torch.int32)), ValueError, "^block_table: batch"),
+        (dict(block_table=torch.zeros(2, 4, dtype=torch.int32), cache_batch_idx=torch.zeros(2, dtype=torch.int32)),
+         ValueError, "^cache_batch_idx"),
+        (dict(cache_seqlens=62, k=torch.randn(2, 3, HK, D, dtype=torch.bfloat16),
+              v=torch.randn(2, 3, HK, D, dtype=torch.bfloat16)), ValueError, "^cache_seqlens: 62 \\+ 3"),
+        (dict(k=torch.randn(2, 3, HK, D, dtype=torch.bfloat16)), ValueError, "^v: k and v"),
+        (dict(cache_seqlens=torch.tensor([1, 2])), TypeError, "^cache_seqlens: dtype"),
+        (dict(cache_leftpad=torch.zeros(3, dtype=torch.int32)), ValueError, "^cache_leftpad: batch"),
+        (dict(rotary_cos=torch.rand(80, D)), ValueError, "^rotary_cos"),
+        (dict(k_cache=torch.randn(3, 64, HK, D, dtype=torch.float16)), TypeError, "^k_cache: dtype"),
+        (dict(v_cache=torch.randn(3, 32, HK, D, dtype=torch.bfloat16)), ValueError, "^v_cache: seqlen"),
+    ],
+)
+def test_kvcache_rejects_bad_input_by_name(change, exc, match):
+    with pytest.raises(exc, match=match):
+        kvcache_args(**change)

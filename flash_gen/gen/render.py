@@ -20,6 +20,7 @@ INCLUDE_DIR = TEMPLATE_DIR / "include"
 
 _ELEMENT = {"fp16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t"}
 _MASK = {"none": "kNone", "causal": "kCausal", "local": "kLocal"}
+_KV_LAYOUT = {"dense": "kDense", "cache": "kCache", "paged": "kPaged"}
 
 
 @functools.lru_cache(maxsize=1)
@@ -49,7 +50,10 @@ def render_fwd_many(variants: Sequence[tuple[FwdKey, FwdConfig]]) -> str:
     """One translation unit holding every (key, config) in `variants`, each its own extern "C" kernel. Variants
     sharing a head dim and tiling share most template instantiations, so compiling them together costs little
     more than compiling one. Raises ValueError for an infeasible pair."""
-    items = _items(variants, infeasible_reason, lambda key, cfg: {"smem_bytes": smem_bytes(key, cfg)})
+    items = _items(variants, infeasible_reason, lambda key, cfg: {
+        "smem_bytes": smem_bytes(key, cfg),
+        "kv": _KV_LAYOUT[key.kv],
+    })
     return _env().get_template("fwd_sm80.cu.j2").render(variants=items)
 
 
@@ -95,6 +99,16 @@ def bwd_aux_prefix(arch: str, dtype: str) -> str:
 def render_bwd_aux(arch: str, dtype: str) -> str:
     """The preprocess and dQ-convert kernels for `dtype` (no CuTe: they compile in seconds)."""
     return _env().get_template("bwd_aux.cu.j2").render(prefix=bwd_aux_prefix(arch, dtype), bf16=dtype == "bf16")
+
+
+def combine_entry(arch: str, dtype: str) -> str:
+    """Entry name of the head-dim-generic split-KV combine kernel for one arch and dtype."""
+    return f"flash_gen_fwd_combine_{arch}_{dtype}"
+
+
+def render_combine(arch: str, dtype: str) -> str:
+    """The split-KV combine kernel for `dtype` (no CuTe: it compiles in seconds)."""
+    return _env().get_template("fwd_combine.cu.j2").render(prefix=combine_entry(arch, dtype), bf16=dtype == "bf16")
 
 
 def render_many(variants: Sequence[tuple[FwdKey, FwdConfig]] | Sequence[tuple[BwdKey, BwdConfig]]) -> str:

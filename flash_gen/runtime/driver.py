@@ -11,6 +11,7 @@ device_arch. Must not import anything under flash_gen.build.
 from __future__ import annotations
 
 import ctypes
+import functools
 
 from cuda.bindings import driver as cu
 
@@ -110,3 +111,11 @@ def device_arch(device: int) -> str:
         return "sm100"
     raise RuntimeError(f"flash_gen has no kernels for compute capability {major}.{minor} (device {device}); "
                        "supported: 8.x, 9.0, 10.x")
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device: int) -> int:
+    """Streaming multiprocessors of `device` (split-KV's heuristic fills them)."""
+    import torch
+
+    return torch.cuda.get_device_properties(device).multi_processor_count

@@ -8,11 +8,12 @@ no host synchronisation. Must not import optuna.
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 
 import torch
 
 from flash_gen import settings
-from flash_gen.gen.render import entry_name, render_fwd
+from flash_gen.gen.render import combine_entry, entry_name, render_combine, render_fwd
 from flash_gen.runtime import driver, loader
 from flash_gen.runtime.score_params import (
     DTYPES,
@@ -29,16 +30,24 @@ class FwdParams(ctypes.Structure):
     """Mirror of flash_gen::FwdParams (templates/include/flash_gen/fwd_params.cuh): keep the two in step."""
 
     _fields_ = (
-        [(name, ctypes.c_void_p) for name in ("q", "k", "v", "o", "lse", "alibi_slopes", "cu_seqlens_q", "cu_seqlens_k")]
+        [
+            (name, ctypes.c_void_p)
+            for name in ("q", "k", "v", "o", "lse", "alibi_slopes", "cu_seqlens_q", "cu_seqlens_k", "seqused_k",
+                         "leftpad_k", "kv_batch_idx", "block_table", "o_partial", "lse_partial")
+        ]
         + [
             (f"{t}_{s}_stride", ctypes.c_int64)
             for t in ("q", "k", "v", "o")
             for s in ("batch", "row", "head")
         ]
-        + [(name, ctypes.c_int64) for name in ("alibi_batch_stride", "lse_batch_stride", "lse_head_stride")]
+        + [
+            (name, ctypes.c_int64)
+            for name in ("alibi_batch_stride", "lse_batch_stride", "lse_head_stride", "block_table_stride")
+        ]
         + [
             (name, ctypes.c_int)
-            for name in ("batch", "nheads", "nheads_k", "seqlen_q", "seqlen_k", "window_left", "window_right")
+            for name in ("batch", "nheads", "nheads_k", "seqlen_q", "seqlen_k", "window_left", "window_right",
+                         "kv_batches", "page_size", "num_splits", "head_dim")
         ]
         + [(name, ctypes.c_float) for name in ("score_scale", "scale_log2", "alibi_scale")]
     )
@@ -57,15 +66,28 @@ class _Variant:
 _variants: dict[tuple, _Variant] = {}
 
 
+@dataclass(frozen=True)
+class KvCache:
+    """Where a decoding call's keys live, validated (flash_gen.validate.check_kvcache) and with new keys already
+    appended. K/V are (cache entries, seqlen_cache, hk, d), or (pages, page_size, hk, d) with `block_table`."""
+
+    seqused_k: torch.Tensor | None  # (batch,) int32 keys per entry; None: `used` (or all) rows
+    used: int | None  # keys per entry when the same for all (a host int)
+    leftpad_k: torch.Tensor | None  # (batch,) int32 first valid key
+    batch_idx: torch.Tensor | None  # (batch,) int32 cache entry of each batch entry
+    block_table: torch.Tensor | None  # (batch, pages per entry) int32
+    num_splits: int  # 0: chosen here
+
+
 def _variant(
     device: int, dtype: str, head_dim: int, mask: str, softcap: bool, alibi: bool, varlen: bool,
-    config: FwdConfig | None,
+    config: FwdConfig | None, kv: str = "dense", split: bool = False,
 ) -> _Variant:
-    lookup = (device, dtype, head_dim, mask, softcap, alibi, varlen, config)
+    lookup = (device, dtype, head_dim, mask, softcap, alibi, varlen, config, kv, split)
     var = _variants.get(lookup)
     if var is None:
         arch = driver.device_arch(device)
-        key = FwdKey(arch, dtype, head_dim, mask, softcap, alibi, varlen)
+        key = FwdKey(arch, dtype, head_dim, mask, softcap, alibi, varlen, kv, split)
         cfg = config or _config(key)
         why = infeasible_reason(key, cfg)
         if why is not None:
@@ -110,34 +132,107 @@ def attention_fwd(
     run this key.
     """
     varlen = cu_seqlens_q is not None
-    *lead_q, nheads, head_dim = q.shape
-    *lead_k, nheads_k, _ = k.shape
     batch = cu_seqlens_q.numel() - 1 if varlen else q.shape[0]
-    seqlen_q, seqlen_k = lead_q[-1], lead_k[-1]  # the totals when varlen
-    check_grid(batch, nheads)
-    mask = mask_kind(causal, window_size)
-    var = _variant(q.device.index, DTYPES[q.dtype], head_dim, mask, softcap > 0, alibi_slopes is not None, varlen,
-                   config)
+    seqlen_k = k.shape[-3]  # the total when varlen
+    var = _variant(q.device.index, DTYPES[q.dtype], q.shape[-1], mask_kind(causal, window_size), softcap > 0,
+                   alibi_slopes is not None, varlen, config)
+    p, out, lse = _params(q, k, v, out, batch, seqlen_k, causal=causal, window_size=window_size,
+                          softmax_scale=softmax_scale, softcap=softcap, alibi_slopes=alibi_slopes)
+    nheads, seqlen_q = q.shape[-2], q.shape[-3]
+    if varlen:
+        p.cu_seqlens_q, p.cu_seqlens_k = cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr()
+        grid = (varlen_tiles(seqlen_q, batch, var.cfg.block_m), nheads, 1)
+    else:
+        grid = (-(-seqlen_q // var.cfg.block_m), nheads, batch)
+    var.kernel.launch(grid, var.block, var.smem, torch.cuda.current_stream(q.device).cuda_stream, p)
+    return out, lse
 
+
+def attention_fwd_kvcache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache: KvCache,
+    *,
+    softmax_scale: float,
+    causal: bool,
+    window_size: tuple[int, int],
+    softcap: float,
+    alibi_slopes: torch.Tensor | None,
+    config: FwdConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward attention of q (b, sq, h, d) over a KV cache (see KvCache); returns (out, softmax_lse (b, h, sq)).
+    With more than one split (cache.num_splits, or the heuristic when 0) the keys of each query tile are shared
+    out over several CTAs and a combine kernel merges their fp32 partial results."""
+    batch, seqlen_q, nheads, head_dim = q.shape
+    paged = cache.block_table is not None
+    page_size = k_cache.shape[1]
+    capacity = cache.block_table.shape[1] * page_size if paged else k_cache.shape[1]
+    seqlen_k = capacity if cache.used is None else min(cache.used, capacity)
+    # Pages holding whole key tiles (block_n <= 128 divides them) are read tile by tile; others row by row.
+    kv = "paged" if paged and (page_size % 128 or cache.leftpad_k is not None) else "cache"
+    device, dtype, mask = q.device.index, DTYPES[q.dtype], mask_kind(causal, window_size)
+    feats = (softcap > 0, alibi_slopes is not None, False)
+    cfg = config or _config(FwdKey(driver.device_arch(device), dtype, head_dim, mask, *feats, kv))  # as split's
+    m_blocks = -(-seqlen_q // cfg.block_m)
+    splits = cache.num_splits or choose_num_splits(batch * nheads * m_blocks, -(-seqlen_k // cfg.block_n),
+                                                   driver.sm_count(device))
+    var = _variant(device, dtype, head_dim, mask, *feats, config, kv, splits > 1)
+    p, out, lse = _params(q, k_cache, v_cache, None, batch, seqlen_k, causal=causal, window_size=window_size,
+                          softmax_scale=softmax_scale, softcap=softcap, alibi_slopes=alibi_slopes)
+    for name, t in (("seqused_k", cache.seqused_k), ("leftpad_k", cache.leftpad_k),
+                    ("kv_batch_idx", cache.batch_idx), ("block_table", cache.block_table)):
+        if t is not None:
+            setattr(p, name, t.data_ptr())
+    p.kv_batches, p.page_size = k_cache.shape[0], page_size
+    p.block_table_stride = cache.block_table.stride(0) if paged else 0
+    p.num_splits, p.head_dim = splits, head_dim
+    stream = torch.cuda.current_stream(q.device).cuda_stream
+    if splits == 1:
+        var.kernel.launch((m_blocks, nheads, batch), var.block, var.smem, stream, p)
+        return out, lse
+    f32 = dict(dtype=torch.float32, device=q.device)
+    o_partial = torch.empty((splits, batch, nheads, seqlen_q, head_dim), **f32)
+    lse_partial = torch.empty((splits, batch, nheads, seqlen_q), **f32)
+    p.o_partial, p.lse_partial = o_partial.data_ptr(), lse_partial.data_ptr()
+    var.kernel.launch((m_blocks, nheads, batch * splits), var.block, var.smem, stream, p)
+    combine = _combine_kernel(device, dtype)
+    combine.launch((-(-seqlen_q // _COMBINE_ROWS), nheads, batch), (_COMBINE_THREADS, 1, 1), 0, stream, p)
+    return out, lse
+
+
+_COMBINE_THREADS, _COMBINE_ROWS = 128, 4  # kCombineThreads, kCombineRows in templates/include/flash_gen/fwd_combine.cuh
+_MAX_SPLITS = 128
+
+
+def choose_num_splits(ctas: int, key_tiles: int, sms: int) -> int:
+    """Split-KV heuristic: split only when the CTAs without splitting fill less than one wave, then enough for
+    about two waves, keeping at least two key tiles per split (each split costs a partial write and a read in
+    the combine)."""
+    if ctas >= sms:
+        return 1
+    return max(1, min(-(-2 * sms // ctas), key_tiles // 2, _MAX_SPLITS))
+
+
+def _combine_kernel(device: int, dtype: str) -> driver.Kernel:
+    arch = driver.device_arch(device)
+    return loader.get_kernel(lambda: render_combine(arch, dtype), combine_entry(arch, dtype), arch, 0, device)
+
+
+def _params(q, k, v, out, batch: int, seqlen_k: int, **score) -> tuple[FwdParams, torch.Tensor, torch.Tensor]:
+    """The parameter fields every forward launch fills, with the output (allocated unless given) and lse."""
+    *lead_q, nheads, _ = q.shape
+    seqlen_q, nheads_k, varlen = lead_q[-1], k.shape[-2], q.dim() == 3
+    check_grid(batch, nheads)
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse_shape = (nheads, seqlen_q) if varlen else (batch, nheads, seqlen_q)
-    lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
-
+    lse = torch.empty((nheads, seqlen_q) if varlen else (batch, nheads, seqlen_q), dtype=torch.float32,
+                      device=q.device)
     p = FwdParams()
     p.q, p.k, p.v, p.o, p.lse = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr()
     for prefix, t in (("q", q), ("k", k), ("v", v), ("o", out)):
         set_strides(p, prefix, t)
     p.lse_batch_stride, p.lse_head_stride = (0, seqlen_q) if varlen else (nheads * seqlen_q, seqlen_q)
     set_score_fields(p, batch=batch, nheads=nheads, nheads_k=nheads_k, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
-                     causal=causal, window_size=window_size, softmax_scale=softmax_scale, softcap=softcap,
-                     alibi_slopes=alibi_slopes)
-
-    if varlen:
-        p.cu_seqlens_q, p.cu_seqlens_k = cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr()
-        grid = (varlen_tiles(seqlen_q, batch, var.cfg.block_m), nheads, 1)
-    else:
-        grid = (-(-seqlen_q // var.cfg.block_m), nheads, batch)
-    stream = torch.cuda.current_stream(q.device).cuda_stream
-    var.kernel.launch(grid, var.block, var.smem, stream, p)
-    return out, lse
+                     **score)
+    return p, out, lse

@@ -5,35 +5,13 @@
 //  - bwd_convert_dq: dQ = softmax_scale * dq_accum, in the input dtype, written through dQ's strides.
 #pragma once
 #include "flash_gen/bwd_params.cuh"
+#include "flash_gen/half_bits.cuh"
 #include "flash_gen/seq_info.cuh"
 
 namespace flash_gen {
 
 constexpr int kAuxThreads = 128;
 constexpr int kAuxRows = 32;  // rows per CTA: grid = (ceil(rows / kAuxRows), nheads, batch), or over entries
-
-// 16-bit element <-> fp32 for bf16 (kBf16) or fp16, on raw bits so no cuda_fp16/cuda_bf16 header is needed.
-template <bool kBf16>
-__device__ __forceinline__ float to_float(unsigned short bits) {
-  if constexpr (kBf16) {
-    return __uint_as_float(static_cast<unsigned>(bits) << 16);
-  } else {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(bits));
-    return f;
-  }
-}
-
-template <bool kBf16>
-__device__ __forceinline__ unsigned short from_float(float f) {
-  unsigned short bits;
-  if constexpr (kBf16) {
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(bits) : "f"(f));
-  } else {
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(bits) : "f"(f));
-  }
-  return bits;
-}
 
 // Sum over the 8 elements packed in a 16-byte vector of a*b.
 template <bool kBf16>

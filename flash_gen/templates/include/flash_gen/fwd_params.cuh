@@ -15,6 +15,14 @@ struct FwdParams {
   const float* alibi_slopes;   // (nheads,) or (batch, nheads); nullptr unless the kernel is built with ALiBi
   const int* cu_seqlens_q;     // (batch + 1) row offsets of a packed ragged batch; varlen kernels only
   const int* cu_seqlens_k;
+  // KV-cache kernels (kv_cache.cuh): entry b's keys are rows [leftpad_k[b], seqused_k[b]) of cache entry
+  // kv_batch_idx[b], or of the pages listed in block_table[b]. nullptr: seqlen_k rows, no padding, entry b.
+  const int* seqused_k;
+  const int* leftpad_k;
+  const int* kv_batch_idx;
+  const int* block_table;      // (batch, block_table_stride) page indices; K/V are then (pages, page_size, ...)
+  float* o_partial;            // split-KV: (num_splits, batch, nheads, seqlen_q, head_dim), normalised per split
+  float* lse_partial;          // split-KV: (num_splits, batch, nheads, seqlen_q), -inf where a split saw no key
 
   // Element strides; the last dim of every tensor is contiguous.
   int64_t q_batch_stride, q_row_stride, q_head_stride;
@@ -23,12 +31,18 @@ struct FwdParams {
   int64_t o_batch_stride, o_row_stride, o_head_stride;
   int64_t alibi_batch_stride;  // 0 when the slopes are shared across the batch
   int64_t lse_batch_stride, lse_head_stride;
+  int64_t block_table_stride;
 
   int batch, nheads, nheads_k;
-  int seqlen_q, seqlen_k;  // per entry when dense; the packed totals when varlen (seq_info.cuh)
+  int seqlen_q, seqlen_k;  // per entry when dense; the packed totals when varlen (seq_info.cuh); for a KV
+                           // cache, seqlen_k is the rows an entry can hold (the cache length, or pages x page_size)
   // Visible keys of query i: [i + seqlen_k - seqlen_q - window_left, i + seqlen_k - seqlen_q + window_right].
   // The host turns "infinite" (-1) into a bound past the sequence, so the kernel compares plain integers.
   int window_left, window_right;
+  int kv_batches;  // KV-cache kernels: cache entries (K/V batch dim) when not paged, pages when paged
+  int page_size;   // paged: rows per page
+  int num_splits;  // split-KV kernels: CTAs per (query tile, head, entry) along the keys
+  int head_dim;    // runtime copy for the head-dim-generic combine kernel
 
   float score_scale;  // softcap only: QK^T is multiplied by softmax_scale / softcap before tanh
   float scale_log2;   // turns a score into a base-2 logit: softmax_scale*log2(e), or softcap*log2(e)

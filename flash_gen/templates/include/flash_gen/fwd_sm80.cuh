@@ -5,6 +5,7 @@
 #pragma once
 #include "flash_gen/attn_mask.cuh"
 #include "flash_gen/fwd_params.cuh"
+#include "flash_gen/kv_cache.cuh"
 #include "flash_gen/seq_info.cuh"
 #include "flash_gen/sm80_ldsm.cuh"
 #include "flash_gen/sm80_utils.cuh"
@@ -12,7 +13,7 @@
 namespace flash_gen {
 
 template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, int kStages_, bool kQInRegs_,
-          bool kLateVWait_, Mask kMask_, bool kSoftcap_, bool kAlibi_, bool kVarlen_>
+          bool kLateVWait_, Mask kMask_, bool kSoftcap_, bool kAlibi_, bool kVarlen_, KvLayout kKv_, bool kSplit_>
 struct FwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;                 // what loads and stores touch
@@ -28,6 +29,8 @@ struct FwdTraits {
   static constexpr bool kSoftcap = kSoftcap_;
   static constexpr bool kAlibi = kAlibi_;
   static constexpr bool kVarlen = kVarlen_;
+  static constexpr KvLayout kKv = kKv_;
+  static constexpr bool kSplit = kSplit_;  // split-KV: grid.z is batch x num_splits; fp32 partials out
   static constexpr bool kHasRightBound = MaskBounds<kMask>::kRight;
   static constexpr bool kHasLeftBound = MaskBounds<kMask>::kLeft;
   static_assert(kBlockM % (16 * kNWarps) == 0, "each warp owns whole 16-row MMA tiles");
@@ -61,7 +64,11 @@ __device__ __forceinline__ void fwd_kernel(FwdParams const& p) {
   const int tidx = threadIdx.x;
   const int head = blockIdx.y;
   // Within a head, the last query tiles see the most keys under a causal mask: start them first.
-  int m_block = gridDim.x - 1 - blockIdx.x, batch = blockIdx.z;
+  int m_block = gridDim.x - 1 - blockIdx.x, batch = blockIdx.z, split = 0;
+  if constexpr (T::kSplit) {
+    split = batch % p.num_splits;
+    batch /= p.num_splits;
+  }
   if constexpr (T::kVarlen) {  // the grid's x runs over every entry's query tiles
     const int2 tile = varlen_tile(p.cu_seqlens_q, p.batch, p.seqlen_q, m_block,
                                   [](int len) { return (len + kBlockM - 1) / kBlockM; });
@@ -69,7 +76,9 @@ __device__ __forceinline__ void fwd_kernel(FwdParams const& p) {
     batch = tile.x;
     m_block = tile.y;
   }
-  const SeqInfo seq = seq_info<T::kVarlen>(p, batch);
+  SeqInfo seq = seq_info<T::kVarlen>(p, batch);
+  int kv_batch = batch;
+  if constexpr (T::kKv != KvLayout::kDense) kv_batch = kv_cache_rows(p, batch, seq);
   const int seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k;
   const int head_k = head / (p.nheads / p.nheads_k);
   const int row0 = m_block * kBlockM;
@@ -85,16 +94,26 @@ __device__ __forceinline__ void fwd_kernel(FwdParams const& p) {
   if constexpr (T::kHasLeftBound) {
     n_min = max(0, row0 + diag - p.window_left) / kBlockN;
   }
+  if constexpr (T::kSplit) {  // this CTA's share of the visible key tiles
+    const int per_split = (n_max - n_min + p.num_splits - 1) / p.num_splits;
+    n_min += split * per_split;
+    n_max = min(n_max, n_min + per_split);
+  }
 
   auto* q_ptr = static_cast<const Element*>(p.q) + batch * p.q_batch_stride + seq.q_start * p.q_row_stride +
                head * p.q_head_stride;
-  auto* k_ptr = static_cast<const Element*>(p.k) + batch * p.k_batch_stride + seq.k_start * p.k_row_stride +
+  auto* k_ptr = static_cast<const Element*>(p.k) + kv_batch * p.k_batch_stride + seq.k_start * p.k_row_stride +
                head_k * p.k_head_stride;
-  auto* v_ptr = static_cast<const Element*>(p.v) + batch * p.v_batch_stride + seq.k_start * p.v_row_stride +
+  auto* v_ptr = static_cast<const Element*>(p.v) + kv_batch * p.v_batch_stride + seq.k_start * p.v_row_stride +
                head_k * p.v_head_stride;
   auto* o_ptr = static_cast<Element*>(p.o) + batch * p.o_batch_stride + seq.q_start * p.o_row_stride +
                head * p.o_head_stride;
   float* lse_ptr = p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride + seq.q_start;
+  float empty_lse = inf();  // rows that see no key: +inf, or -inf in a split's partial (weight 0 in the combine)
+  if constexpr (T::kSplit) {
+    lse_ptr = p.lse_partial + ((int64_t(split) * p.batch + batch) * p.nheads + head) * p.seqlen_q;
+    empty_lse = -inf();
+  }
 
   Tensor gQ = local_tile(make_tensor(make_gmem_ptr(q_ptr), make_shape(seqlen_q, Int<kD>{}),
                                      make_stride(p.q_row_stride, _1{})),
@@ -119,7 +138,14 @@ __device__ __forceinline__ void fwd_kernel(FwdParams const& p) {
   Tensor cKV = make_identity_tensor(Shape<Int<kBlockN>, Int<kD>>{});
 
   if (n_max <= n_min) {
-    // No visible key for any row (e.g. causal with seqlen_q > seqlen_k): output 0, lse = +inf.
+    // No visible key for any row (e.g. causal with seqlen_q > seqlen_k): output 0, lse = +inf. A split that
+    // got no key tile writes lse = -inf only: the combine skips it.
+    if constexpr (T::kSplit) {
+      for (int r = tidx; r < kBlockM; r += T::kNThreads) {
+        if (row0 + r < seqlen_q) lse_ptr[row0 + r] = empty_lse;
+      }
+      return;
+    }
     auto thr = typename T::GmemStore{}.get_thread_slice(tidx);
     Tensor tOgO = thr.partition_D(gO);
     Tensor tOcO = thr.partition_D(cQ);
@@ -150,11 +176,36 @@ __device__ __forceinline__ void fwd_kernel(FwdParams const& p) {
   Tensor tKVcKV = load_thr.partition_D(cKV);
 
   const int q_rows = seqlen_q - row0;
+  // Key tile n of K or V: `origin` is the entry's first row (dense and contiguous caches), `cache` the head's
+  // element 0 of a paged tensor.
+  auto load_cache_tile = [&](const Element* origin, const Element* cache, int64_t page_stride, int64_t row_stride,
+                             auto&& dst, int n) {
+    const int row = seq.k_start + n * kBlockN;  // the tile's first row in the entry's cache rows
+    if constexpr (T::kKv == KvLayout::kPaged) {
+      auto row_ptr = [&](int r) { return paged_row(p, cache, page_stride, row_stride, batch, row + r); };
+      copy_rows_zfill(load, row_ptr, dst, tKVcKV, seqlen_k - n * kBlockN, T::kHeadDim);
+    } else {
+      const Element* tile = p.block_table != nullptr ? paged_row(p, cache, page_stride, row_stride, batch, row)
+                                                     : origin + int64_t(n) * kBlockN * row_stride;
+      Tensor g = make_tensor(make_gmem_ptr(tile), Shape<Int<kBlockN>, Int<kD>>{}, make_stride(row_stride, _1{}));
+      copy_zfill(load, load_thr.partition_S(g), dst, tKVcKV, seqlen_k - n * kBlockN, T::kHeadDim);
+    }
+  };
   auto load_k = [&](int n, int stage) {
-    copy_zfill(load, tKgK(_, _, _, n), tKsK(_, _, _, stage), tKVcKV, seqlen_k - n * kBlockN, T::kHeadDim);
+    if constexpr (T::kKv == KvLayout::kDense) {
+      copy_zfill(load, tKgK(_, _, _, n), tKsK(_, _, _, stage), tKVcKV, seqlen_k - n * kBlockN, T::kHeadDim);
+    } else {
+      load_cache_tile(k_ptr, static_cast<const Element*>(p.k) + head_k * p.k_head_stride, p.k_batch_stride,
+                      p.k_row_stride, tKsK(_, _, _, stage), n);
+    }
   };
   auto load_v = [&](int n, int stage) {
-    copy_zfill(load, tVgV(_, _, _, n), tVsV(_, _, _, stage), tKVcKV, seqlen_k - n * kBlockN, T::kHeadDim);
+    if constexpr (T::kKv == KvLayout::kDense) {
+      copy_zfill(load, tVgV(_, _, _, n), tVsV(_, _, _, stage), tKVcKV, seqlen_k - n * kBlockN, T::kHeadDim);
+    } else {
+      load_cache_tile(v_ptr, static_cast<const Element*>(p.v) + head_k * p.v_head_stride, p.v_batch_stride,
+                      p.v_row_stride, tVsV(_, _, _, stage), n);
+    }
   };
 
   typename T::TiledMma mma;
@@ -316,8 +367,24 @@ __device__ __forceinline__ void fwd_kernel(FwdParams const& p) {
     for (int c = 0; c < size<1>(o_rc); ++c) o_rc(r, c) *= inv;
     const int row = get<0>(tOcO_rc(r, 0));
     if (get<1>(tOcO_rc(r, 0)) == 0 && row0 + row < seqlen_q) {
-      lse_ptr[row0 + row] = empty ? inf() : (row_max[r] * p.scale_log2 + log2f(sum)) * 0.69314718055994531f;
+      lse_ptr[row0 + row] = empty ? empty_lse : (row_max[r] * p.scale_log2 + log2f(sum)) * 0.69314718055994531f;
     }
+  }
+  if constexpr (T::kSplit) {  // fp32 partial O straight from the accumulators, two adjacent columns at a time
+    float* o_part = p.o_partial + (((int64_t(split) * p.batch + batch) * p.nheads + head) * p.seqlen_q + row0) *
+                                      T::kHeadDim;
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const int row = get<0>(tOcO_rc(r, 0));
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(o_rc); c += 2) {
+        const int col = get<1>(tOcO_rc(r, c));
+        if (row0 + row < seqlen_q && col < T::kHeadDim) {
+          *reinterpret_cast<float2*>(o_part + row * T::kHeadDim + col) = make_float2(o_rc(r, c), o_rc(r, c + 1));
+        }
+      }
+    }
+    return;
   }
 
   Tensor o_frag = convert_to<Element>(acc_o);
