@@ -98,6 +98,9 @@ def main() -> int:
     parser.add_argument("--suites", default="fwd,bwd,varlen,kvcache,bench",
                         help="comma list of fwd, bwd, varlen, kvcache, bench")
     parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--prune", action="store_true",
+                        help="only delete cache entries this plan does not use (stale after header changes), "
+                             "so the folder stays small enough to carry")
     args = parser.parse_args()
     os.environ["FLASH_GEN_CACHE_DIR"] = str(args.out.resolve())  # inherited by the worker processes
 
@@ -106,6 +109,13 @@ def main() -> int:
     from flash_gen.gen.render import entry_name, render_many
 
     todo = sorted(variants(args.arch, tuple(args.suites.split(","))), key=lambda v: (v[0].name, v[1].name))
+    if args.prune:
+        keep = {cache.cache_key(render_many([v]), entry_name(*v), args.arch) for v in todo}
+        stale = [f for f in (args.out / args.arch).glob("*/*") if f.stem not in keep]
+        for f in stale:
+            f.unlink()
+        print(f"pruned {len(stale)} files; {len(keep)} kernels planned")
+        return 0
     cached = [v for v in todo if cache.lookup(render_many([v]), entry_name(*v), args.arch) is not None]
     todo = [v for v in todo if v not in cached]
     print(f"{len(cached)} kernels already in {args.out}", flush=True)
