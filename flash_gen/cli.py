@@ -98,7 +98,8 @@ def _variants(args: argparse.Namespace) -> list[tuple]:
     direction that is feasible for the key)."""
     out = []
     for arch, dtype, hdim, mask in itertools.product(args.arch, args.dtype, args.hdim, args.mask):
-        fwd = spec.FwdKey(arch, dtype, hdim, mask, args.softcap, args.alibi, args.varlen, args.kv, args.split)
+        fwd = spec.FwdKey(arch, dtype, hdim, mask, args.softcap, args.alibi, args.varlen, args.kv, args.split,
+                          args.pack_gqa)
         if "fwd" in args.direction:
             out += _with_configs(fwd, spec.default_config, spec.config_from_name, spec.infeasible_reason, args)
         if "bwd" in args.direction and args.kv == "dense":  # KV-cache kernels are forward-only
@@ -232,6 +233,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--varlen", action="store_true", help="compile the packed ragged-batch (cu_seqlens) variants")
     p.add_argument("--kv", default="dense", choices=spec.KV_LAYOUTS, help="K/V layout: dense, KV cache, paged cache")
     p.add_argument("--split", action="store_true", help="split-KV variants (KV-cache kernels)")
+    p.add_argument("--pack-gqa", action="store_true", help="pack-GQA variants (KV-cache kernels)")
     p.add_argument("--direction", type=_csv(str, ("fwd", "bwd")), default=("fwd",),
                    help="fwd, bwd or fwd,bwd (default: fwd)")
     p.add_argument("--deterministic", action="store_true", help="backward kernels with ordered dQ accumulation")

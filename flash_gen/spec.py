@@ -19,7 +19,8 @@ ARCHS = ("sm80", "sm90", "sm100")
 DTYPES = ("fp16", "bf16")
 MASKS = ("none", "causal", "local")
 KV_LAYOUTS = ("dense", "cache", "paged")
-_FEATURES = ("softcap", "alibi", "varlen", "split")  # boolean FwdKey fields, in name order
+# Boolean FwdKey fields, in name order, with their name tokens.
+_FEATURES = {"softcap": "softcap", "alibi": "alibi", "varlen": "varlen", "split": "split", "pack_gqa": "packgqa"}
 HEAD_DIMS = tuple(range(8, 257, 8))
 
 # Per-arch limits used to prune configs before compiling (dynamic shared memory per block, in bytes).
@@ -51,6 +52,9 @@ class FwdKey:
     # any page size, each row found through the block table.
     kv: str = "dense"
     split: bool = False  # split-KV: each CTA covers a share of the keys and writes fp32 partials to combine
+    # KV-cache kernels: one CTA serves all query heads of a KV head, their rows stacked along the query tile, so
+    # each K/V tile is read once per group instead of once per query head (decoding reads little else).
+    pack_gqa: bool = False
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
@@ -65,12 +69,14 @@ class FwdKey:
             raise ValueError(f"kv must be one of {KV_LAYOUTS}, got {self.kv!r}")
         if self.kv != "dense" and self.varlen:
             raise ValueError("a KV cache (kv != 'dense') takes dense queries: varlen must be False")
-        if self.split and self.kv == "dense":
-            raise ValueError("split-KV is built for KV-cache kernels only (kv != 'dense')")
+        if (self.split or self.pack_gqa) and self.kv == "dense":
+            raise ValueError("split-KV and pack_gqa are built for KV-cache kernels only (kv != 'dense')")
+        if self.pack_gqa and self.alibi:
+            raise ValueError("pack_gqa stacks several heads in one tile; ALiBi's per-head slopes need one head")
 
     @property
     def name(self) -> str:
-        feats = "".join(f"_{f}" for f in _FEATURES if getattr(self, f))
+        feats = "".join(f"_{token}" for f, token in _FEATURES.items() if getattr(self, f))
         feats += "" if self.kv == "dense" else f"_kv{self.kv}"
         return f"fwd_{self.arch}_{self.dtype}_hd{self.head_dim}_{self.mask}{feats}"
 
@@ -199,12 +205,13 @@ def enumerate_keys(
     varlen: tuple[bool, ...] = (False, True),
 ) -> Iterator[FwdKey]:
     """The forward key space: every (arch, dtype, head dim, mask, softcap, alibi, varlen) combination."""
-    layouts = [(packed, "dense", False) for packed in varlen] + [
-        (False, kv, split) for kv in KV_LAYOUTS[1:] for split in (False, True)
+    layouts = [(packed, "dense", False, False) for packed in varlen] + [
+        (False, kv, split, pack) for kv in KV_LAYOUTS[1:] for split in (False, True) for pack in (False, True)
     ]
     for arch, dtype, hd, mask in itertools.product(archs, dtypes, head_dims, masks):
-        for softcap, alibi, (packed, kv, split) in itertools.product((False, True), (False, True), layouts):
-            yield FwdKey(arch, dtype, hd, mask, softcap, alibi, packed, kv, split)
+        for softcap, alibi, (packed, kv, split, pack) in itertools.product((False, True), (False, True), layouts):
+            if not (alibi and pack):
+                yield FwdKey(arch, dtype, hd, mask, softcap, alibi, packed, kv, split, pack)
 
 
 def enumerate_configs(key: FwdKey) -> Iterator[FwdConfig]:
@@ -230,11 +237,12 @@ def key_from_name(name: str) -> FwdKey:
         raise ValueError(f"not a forward kernel key name: {name!r}")
     feats = set(parts[5:])
     kvs = {f for f in feats if f[2:] in KV_LAYOUTS[1:] and f.startswith("kv")}
-    unknown = feats - set(_FEATURES) - kvs
+    unknown = feats - set(_FEATURES.values()) - kvs
     if unknown or len(kvs) > 1:
         raise ValueError(f"unknown feature(s) {sorted(unknown or kvs)} in key name {name!r}")
     kv = kvs.pop()[2:] if kvs else "dense"
-    return FwdKey(parts[1], parts[2], int(parts[3][2:]), parts[4], **{f: f in feats for f in _FEATURES}, kv=kv)
+    flags = {f: token in feats for f, token in _FEATURES.items()}
+    return FwdKey(parts[1], parts[2], int(parts[3][2:]), parts[4], **flags, kv=kv)
 
 
 def config_from_name(name: str) -> FwdConfig:

@@ -34,8 +34,8 @@ def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvca
     from flash_gen.validate import derive_mask
 
     def default(dtype: str, head_dim: int, mask: str, softcap: bool = False, alibi: bool = False,
-                varlen: bool = False, kv: str = "dense", split: bool = False) -> tuple:
-        key = FwdKey(arch, dtype, head_dim, mask, softcap, alibi, varlen, kv, split)
+                varlen: bool = False, kv: str = "dense", split: bool = False, pack: bool = False) -> tuple:
+        key = FwdKey(arch, dtype, head_dim, mask, softcap, alibi, varlen, kv, split, pack)
         return key, default_config(key)
 
     def default_bwd(dtype: str, head_dim: int, mask: str, softcap: bool = False, alibi: bool = False,
@@ -66,8 +66,9 @@ def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvca
             causal, window = t.MASKS[c.mask]
             mask, _ = derive_mask(causal, window, c.seqlen_q, tk.CAPACITY)
             kv = "paged" if c.page and (c.page % 128 or c.leftpad) else "cache"
+            pack = c.nheads_k < tk.NHEADS and c.feature != "alibi"
             out.add(default(c.dtype, c.head_dim, mask, c.feature == "softcap", c.feature == "alibi", kv=kv,
-                            split=c.splits != 1))
+                            split=c.splits != 1, pack=pack))
         out.add(default("bf16", 64, "none"))  # merge_attention_states
     if "bwd" in suites:  # the autograd, determinism, compile, profiler and CUDA-graph tests
         for d in (64, 128):
@@ -86,8 +87,8 @@ def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvca
                 out.update((default("bf16", d, mask), default_bwd("bf16", d, mask)))
         for mask in ("none", "causal"):
             out.update((default("bf16", 128, mask, varlen=True), default_bwd("bf16", 128, mask, varlen=True)))
-            out.update(default("bf16", 128, mask, kv=kv, split=split) for kv in ("cache", "paged")
-                       for split in (False, True))  # benchmarks/bench_decode.py
+            out.update(default("bf16", 128, mask, kv=kv, split=split, pack=True) for kv in ("cache", "paged")
+                       for split in (False, True))  # benchmarks/bench_decode.py (GQA 32/8)
     return out
 
 

@@ -33,11 +33,12 @@ class Case:
     int_seqlens: bool = False
     dtype: str = "bf16"
     head_dim: int = 128
+    nheads_k: int = 2  # of 8 query heads: 2 (GQA), 1 (MQA) or 8 (one query head per KV head: no packing)
 
     def __str__(self) -> str:
         parts = [f"page{self.page}" if self.page else "contig", f"q{self.seqlen_q}", f"new{self.new}",
                  self.rotary or "norot", self.mask, self.feature, f"split{self.splits}", self.dtype,
-                 f"d{self.head_dim}"]
+                 f"d{self.head_dim}", f"hk{self.nheads_k}"]
         parts += [p for p, on in (("bidx", self.batch_idx), ("leftpad", self.leftpad), ("intlen", self.int_seqlens))
                   if on]
         return "-".join(parts)
@@ -55,9 +56,11 @@ CASES = [
     Case(256, seqlen_q=4, new=4, rotary="interleaved", splits=3),
     Case(1, new=1, mask="win64_64", feature="softcap", splits=2),
     Case(0, mask="none", feature="alibi", splits=2, dtype="fp16", head_dim=64),
+    Case(16, seqlen_q=4, new=2, mask="causal", splits=3, nheads_k=1),
+    Case(0, seqlen_q=4, new=2, mask="win32_0", splits=1, nheads_k=8),
 ]
 
-BATCH, NHEADS, NHEADS_K, CAPACITY = 3, 8, 2, 700
+BATCH, NHEADS, CAPACITY = 3, 8, 700
 
 
 def _rotate64(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor, interleaved: bool):
@@ -82,7 +85,7 @@ def _setup(case: Case, seed: int):
     d = case.head_dim
     q = randn(BATCH, case.seqlen_q, NHEADS, d)
     entries = BATCH + 2 if case.batch_idx else BATCH
-    k_logical, v_logical = randn(entries, CAPACITY, NHEADS_K, d), randn(entries, CAPACITY, NHEADS_K, d)
+    k_logical, v_logical = randn(entries, CAPACITY, case.nheads_k, d), randn(entries, CAPACITY, case.nheads_k, d)
     seqlens = randint(0, CAPACITY - case.new + 1, (BATCH,)).to(torch.int32)
     seqlens[0] = CAPACITY - case.new  # one entry full to the last row
     if case.int_seqlens:
@@ -92,8 +95,8 @@ def _setup(case: Case, seed: int):
         leftpad = (torch.rand(BATCH, generator=gen, device="cuda") * seqlens.float()).to(torch.int32)
     batch_idx = torch.randperm(entries, generator=gen, device="cuda")[:BATCH].to(torch.int32) if case.batch_idx \
         else None
-    k_new = randn(BATCH, case.new, NHEADS_K, d) if case.new else None
-    v_new = randn(BATCH, case.new, NHEADS_K, d) if case.new else None
+    k_new = randn(BATCH, case.new, case.nheads_k, d) if case.new else None
+    v_new = randn(BATCH, case.new, case.nheads_k, d) if case.new else None
     cos = sin = None
     if case.rotary:
         angle = torch.rand(CAPACITY + case.seqlen_q, d // 4, generator=gen, device="cuda") * 6.3
@@ -108,7 +111,7 @@ def _paged(case: Case, k_logical: torch.Tensor, v_logical: torch.Tensor, seed: i
     num_blocks = BATCH * pages_per + 5
     gen = torch.Generator(device="cuda").manual_seed(seed + 1)
     table = torch.randperm(num_blocks, generator=gen, device="cuda")[: BATCH * pages_per].view(BATCH, pages_per)
-    shape = (num_blocks, case.page, NHEADS_K, k_logical.shape[-1])
+    shape = (num_blocks, case.page, case.nheads_k, k_logical.shape[-1])
     k_paged, v_paged = (torch.randn(shape, device="cuda", dtype=k_logical.dtype) for _ in range(2))
     padded = pages_per * case.page
     for src, dst in ((k_logical, k_paged), (v_logical, v_paged)):

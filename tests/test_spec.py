@@ -26,6 +26,9 @@ KEY_VALUES = {
     "softcap": (False, True),
     "alibi": (False, True),
     "varlen": (False, True),
+    "kv": spec.KV_LAYOUTS,
+    "split": (False, True),
+    "pack_gqa": (False, True),
 }
 
 
@@ -34,8 +37,19 @@ def test_key_value_table_covers_every_field():
     assert set(CONFIG_SPACE) == {f.name for f in dataclasses.fields(FwdConfig)}
 
 
-def test_key_space_is_the_full_product():
-    assert len(ALL_KEYS) == len(set(ALL_KEYS)) == len(list(itertools.product(*KEY_VALUES.values())))
+def _valid_keys_of_product() -> int:
+    count = 0
+    for values in itertools.product(*KEY_VALUES.values()):
+        try:
+            FwdKey(**dict(zip(KEY_VALUES, values)))
+        except ValueError:  # combinations the key forbids (e.g. split-KV without a KV cache)
+            continue
+        count += 1
+    return count
+
+
+def test_key_space_is_every_valid_combination():
+    assert len(ALL_KEYS) == len(set(ALL_KEYS)) == _valid_keys_of_product()
 
 
 @pytest.mark.parametrize("names", [[k.name for k in ALL_KEYS], [c.name for c in ALL_CONFIGS]], ids=["key", "config"])
@@ -58,7 +72,7 @@ def test_key_from_name_rejects_garbage(bad):
 
 @pytest.mark.parametrize("field", list(KEY_VALUES))
 def test_changing_any_key_field_changes_the_name(field):
-    base = FwdKey("sm90", "bf16", 128)
+    base = FwdKey("sm90", "bf16", 128, kv="dense" if field in ("kv", "varlen") else "cache")
     for value in KEY_VALUES[field]:
         other = dataclasses.replace(base, **{field: value})
         assert (other.name == base.name) == (other == base)

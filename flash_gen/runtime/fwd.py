@@ -81,13 +81,13 @@ class KvCache:
 
 def _variant(
     device: int, dtype: str, head_dim: int, mask: str, softcap: bool, alibi: bool, varlen: bool,
-    config: FwdConfig | None, kv: str = "dense", split: bool = False,
+    config: FwdConfig | None, kv: str = "dense", split: bool = False, pack_gqa: bool = False,
 ) -> _Variant:
-    lookup = (device, dtype, head_dim, mask, softcap, alibi, varlen, config, kv, split)
+    lookup = (device, dtype, head_dim, mask, softcap, alibi, varlen, config, kv, split, pack_gqa)
     var = _variants.get(lookup)
     if var is None:
         arch = driver.device_arch(device)
-        key = FwdKey(arch, dtype, head_dim, mask, softcap, alibi, varlen, kv, split)
+        key = FwdKey(arch, dtype, head_dim, mask, softcap, alibi, varlen, kv, split, pack_gqa)
         cfg = config or _config(key)
         why = infeasible_reason(key, cfg)
         if why is not None:
@@ -163,8 +163,11 @@ def attention_fwd_kvcache(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward attention of q (b, sq, h, d) over a KV cache (see KvCache); returns (out, softmax_lse (b, h, sq)).
     With more than one split (cache.num_splits, or the heuristic when 0) the keys of each query tile are shared
-    out over several CTAs and a combine kernel merges their fp32 partial results."""
+    out over several CTAs and a combine kernel merges their fp32 partial results. Under GQA/MQA (without ALiBi)
+    one CTA serves every query head of a KV head (pack_gqa), so each K/V tile is read once per KV head."""
     batch, seqlen_q, nheads, head_dim = q.shape
+    nheads_k = k_cache.shape[2]
+    pack = nheads > nheads_k and alibi_slopes is None
     paged = cache.block_table is not None
     page_size = k_cache.shape[1]
     capacity = cache.block_table.shape[1] * page_size if paged else k_cache.shape[1]
@@ -173,11 +176,12 @@ def attention_fwd_kvcache(
     kv = "paged" if paged and (page_size % 128 or cache.leftpad_k is not None) else "cache"
     device, dtype, mask = q.device.index, DTYPES[q.dtype], mask_kind(causal, window_size)
     feats = (softcap > 0, alibi_slopes is not None, False)
-    cfg = config or _config(FwdKey(driver.device_arch(device), dtype, head_dim, mask, *feats, kv))  # as split's
-    m_blocks = -(-seqlen_q // cfg.block_m)
-    splits = cache.num_splits or choose_num_splits(batch * nheads * m_blocks, -(-seqlen_k // cfg.block_n),
+    cfg = config or _config(FwdKey(driver.device_arch(device), dtype, head_dim, mask, *feats, kv, False, pack))
+    tile_heads, rows = (nheads_k, seqlen_q * (nheads // nheads_k)) if pack else (nheads, seqlen_q)
+    m_blocks = -(-rows // cfg.block_m)
+    splits = cache.num_splits or choose_num_splits(batch * tile_heads * m_blocks, -(-seqlen_k // cfg.block_n),
                                                    driver.sm_count(device))
-    var = _variant(device, dtype, head_dim, mask, *feats, config, kv, splits > 1)
+    var = _variant(device, dtype, head_dim, mask, *feats, config, kv, splits > 1, pack)
     p, out, lse = _params(q, k_cache, v_cache, None, batch, seqlen_k, causal=causal, window_size=window_size,
                           softmax_scale=softmax_scale, softcap=softcap, alibi_slopes=alibi_slopes)
     for name, t in (("seqused_k", cache.seqused_k), ("leftpad_k", cache.leftpad_k),
@@ -189,13 +193,13 @@ def attention_fwd_kvcache(
     p.num_splits, p.head_dim = splits, head_dim
     stream = torch.cuda.current_stream(q.device).cuda_stream
     if splits == 1:
-        var.kernel.launch((m_blocks, nheads, batch), var.block, var.smem, stream, p)
+        var.kernel.launch((m_blocks, tile_heads, batch), var.block, var.smem, stream, p)
         return out, lse
     f32 = dict(dtype=torch.float32, device=q.device)
     o_partial = torch.empty((splits, batch, nheads, seqlen_q, head_dim), **f32)
     lse_partial = torch.empty((splits, batch, nheads, seqlen_q), **f32)
     p.o_partial, p.lse_partial = o_partial.data_ptr(), lse_partial.data_ptr()
-    var.kernel.launch((m_blocks, nheads, batch * splits), var.block, var.smem, stream, p)
+    var.kernel.launch((m_blocks, tile_heads, batch * splits), var.block, var.smem, stream, p)
     combine = _combine_kernel(device, dtype)
     combine.launch((-(-seqlen_q // _COMBINE_ROWS), nheads, batch), (_COMBINE_THREADS, 1, 1), 0, stream, p)
     return out, lse

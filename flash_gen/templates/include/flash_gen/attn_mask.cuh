@@ -30,16 +30,18 @@ __device__ __forceinline__ bool tile_is_cut(int row0, int rows, int col0, int co
 }
 
 // Set hidden elements of `s` ((rows, cols) view of an accumulator) to -inf. `rc` holds each element's (row, col)
-// within the tile; (row0, col0) is the tile's origin in the full (seqlen_q, seqlen_k) matrix.
-template <Mask kMask, class S, class RC>
+// within the tile; (row0, col0) is the tile's origin in the full (seqlen_q, seqlen_k) matrix. kPacked: tile rows
+// stack `group` heads per query position (pack-GQA), so row R is query position R / group.
+template <Mask kMask, bool kPacked = false, class S, class RC>
 __device__ __forceinline__ void mask_tile(S& s, RC const& rc, int row0, int col0, int seqlen_k, int diag,
-                                          int window_left, int window_right) {
+                                          int window_left, int window_right, int group = 1) {
   const int base_row = get<0>(rc(0, 0)), base_col = get<1>(rc(0, 0));
   const int first_col = col0 + base_col;
   const int col_end = seqlen_k - first_col;  // offsets >= this are past the sequence
   CUTE_UNROLL
   for (int r = 0; r < size<0>(s); ++r) {
-    const int row = row0 + base_row + (get<0>(rc(r, 0)) - base_row) + diag - first_col;
+    const int pos = kPacked ? (row0 + get<0>(rc(r, 0))) / group : row0 + base_row + (get<0>(rc(r, 0)) - base_row);
+    const int row = pos + diag - first_col;
     const int right = row + window_right;  // offsets > right are masked
     const int left = row - window_left;    // offsets < left are masked
     CUTE_UNROLL

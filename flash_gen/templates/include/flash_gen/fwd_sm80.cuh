@@ -13,7 +13,8 @@
 namespace flash_gen {
 
 template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, int kStages_, bool kQInRegs_,
-          bool kLateVWait_, Mask kMask_, bool kSoftcap_, bool kAlibi_, bool kVarlen_, KvLayout kKv_, bool kSplit_>
+          bool kLateVWait_, Mask kMask_, bool kSoftcap_, bool kAlibi_, bool kVarlen_, KvLayout kKv_, bool kSplit_,
+          bool kPackGqa_>
 struct FwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;                 // what loads and stores touch
@@ -31,6 +32,8 @@ struct FwdTraits {
   static constexpr bool kVarlen = kVarlen_;
   static constexpr KvLayout kKv = kKv_;
   static constexpr bool kSplit = kSplit_;  // split-KV: grid.z is batch x num_splits; fp32 partials out
+  // grid.y is the KV head; tile row R is query position R / group of query head head_k * group + R % group
+  static constexpr bool kPackGqa = kPackGqa_;
   static constexpr bool kHasRightBound = MaskBounds<kMask>::kRight;
   static constexpr bool kHasLeftBound = MaskBounds<kMask>::kLeft;
   static_assert(kBlockM % (16 * kNWarps) == 0, "each warp owns whole 16-row MMA tiles");
@@ -62,7 +65,8 @@ __device__ __forceinline__ void fwd_kernel(FwdParams const& p) {
   extern __shared__ __align__(128) char smem_buf[];
 
   const int tidx = threadIdx.x;
-  const int head = blockIdx.y;
+  const int group = p.nheads / p.nheads_k;
+  const int head = T::kPackGqa ? blockIdx.y * group : blockIdx.y;  // packed: the group's first query head
   // Within a head, the last query tiles see the most keys under a causal mask: start them first.
   int m_block = gridDim.x - 1 - blockIdx.x, batch = blockIdx.z, split = 0;
   if constexpr (T::kSplit) {
@@ -80,19 +84,23 @@ __device__ __forceinline__ void fwd_kernel(FwdParams const& p) {
   int kv_batch = batch;
   if constexpr (T::kKv != KvLayout::kDense) kv_batch = kv_cache_rows(p, batch, seq);
   const int seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k;
-  const int head_k = head / (p.nheads / p.nheads_k);
+  const int head_k = head / group;
+  const int rows_q = T::kPackGqa ? seqlen_q * group : seqlen_q;  // tile rows of this (entry, head or group)
   const int row0 = m_block * kBlockM;
   const int diag = seqlen_k - seqlen_q;  // bottom-right alignment of causal/local masks
+  // Query positions of the tile's first and last row (rows are positions unless packed).
+  const int pos0 = T::kPackGqa ? row0 / group : row0;
+  const int pos_last = (min(row0 + kBlockM, rows_q) - 1) / (T::kPackGqa ? group : 1);
 
   // Key tiles [n_min, n_max) that any row of this query tile can see.
   int n_max = (seqlen_k + kBlockN - 1) / kBlockN;
   int n_min = 0;
   if constexpr (T::kHasRightBound) {
-    const int last_col = min(row0 + kBlockM, seqlen_q) - 1 + diag + p.window_right;  // inclusive
+    const int last_col = pos_last + diag + p.window_right;  // inclusive
     n_max = min(n_max, max(0, last_col + kBlockN) / kBlockN);
   }
   if constexpr (T::kHasLeftBound) {
-    n_min = max(0, row0 + diag - p.window_left) / kBlockN;
+    n_min = max(0, pos0 + diag - p.window_left) / kBlockN;
   }
   if constexpr (T::kSplit) {  // this CTA's share of the visible key tiles
     const int per_split = (n_max - n_min + p.num_splits - 1) / p.num_splits;
@@ -114,6 +122,25 @@ __device__ __forceinline__ void fwd_kernel(FwdParams const& p) {
     lse_ptr = p.lse_partial + ((int64_t(split) * p.batch + batch) * p.nheads + head) * p.seqlen_q;
     empty_lse = -inf();
   }
+  // Where tile row R's lse, fp32 partial O and output go. Unpacked rows are positions of one head; packed rows
+  // interleave the group's heads (pos = R / group, head + R % group).
+  auto lse_at = [&](int R) -> float* {
+    if constexpr (T::kPackGqa) {
+      const int pos = R / group, h = head + R % group;
+      return T::kSplit ? p.lse_partial + ((int64_t(split) * p.batch + batch) * p.nheads + h) * p.seqlen_q + pos
+                       : p.lse + batch * p.lse_batch_stride + h * p.lse_head_stride + pos;
+    } else {
+      return lse_ptr + R;
+    }
+  };
+  auto o_partial_at = [&](int R) -> float* {
+    const int pos = T::kPackGqa ? R / group : R, h = T::kPackGqa ? head + R % group : head;
+    return p.o_partial + (((int64_t(split) * p.batch + batch) * p.nheads + h) * p.seqlen_q + pos) * T::kHeadDim;
+  };
+  auto o_row = [&](int r) {  // packed only: tile row r of O
+    const int R = row0 + r;
+    return o_ptr + (R / group) * p.o_row_stride + (R % group) * p.o_head_stride;
+  };
 
   Tensor gQ = local_tile(make_tensor(make_gmem_ptr(q_ptr), make_shape(seqlen_q, Int<kD>{}),
                                      make_stride(p.q_row_stride, _1{})),
@@ -140,9 +167,15 @@ __device__ __forceinline__ void fwd_kernel(FwdParams const& p) {
   if (n_max <= n_min) {
     // No visible key for any row (e.g. causal with seqlen_q > seqlen_k): output 0, lse = +inf. A split that
     // got no key tile writes lse = -inf only: the combine skips it.
-    if constexpr (T::kSplit) {
+    if constexpr (T::kSplit || T::kPackGqa) {
+      if constexpr (!T::kSplit) {
+        constexpr int kVecs = T::kHeadDim / 8;  // 16-byte vectors of +0.0 per row
+        for (int i = tidx; i < kBlockM * kVecs; i += T::kNThreads) {
+          if (row0 + i / kVecs < rows_q) *reinterpret_cast<uint4*>(o_row(i / kVecs) + 8 * (i % kVecs)) = uint4{};
+        }
+      }
       for (int r = tidx; r < kBlockM; r += T::kNThreads) {
-        if (row0 + r < seqlen_q) lse_ptr[row0 + r] = empty_lse;
+        if (row0 + r < rows_q) *lse_at(row0 + r) = empty_lse;
       }
       return;
     }
@@ -175,7 +208,7 @@ __device__ __forceinline__ void fwd_kernel(FwdParams const& p) {
   Tensor tVsV = load_thr.partition_D(sV);
   Tensor tKVcKV = load_thr.partition_D(cKV);
 
-  const int q_rows = seqlen_q - row0;
+  const int q_rows = rows_q - row0;
   // Key tile n of K or V: `origin` is the entry's first row (dense and contiguous caches), `cache` the head's
   // element 0 of a paged tensor.
   auto load_cache_tile = [&](const Element* origin, const Element* cache, int64_t page_stride, int64_t row_stride,
@@ -237,7 +270,15 @@ __device__ __forceinline__ void fwd_kernel(FwdParams const& p) {
   constexpr int kCols = decltype(size<1>(tScS_rc))::value;
 
   // Prologue: Q and the first K (and, with a multi-stage ring, the first kStages-1 K/V tiles).
-  copy_zfill(load, tQgQ, tQsQ, tQcQ, q_rows, T::kHeadDim);
+  if constexpr (T::kPackGqa) {
+    auto q_row = [&](int r) {
+      const int R = row0 + r;
+      return q_ptr + (R / group) * p.q_row_stride + (R % group) * p.q_head_stride;
+    };
+    copy_rows_zfill(load, q_row, tQsQ, tQcQ, q_rows, T::kHeadDim);
+  } else {
+    copy_zfill(load, tQgQ, tQsQ, tQcQ, q_rows, T::kHeadDim);
+  }
   if constexpr (T::kStages == 1) {
     load_k(n_max - 1, 0);
     cp_async_fence();
@@ -318,7 +359,14 @@ __device__ __forceinline__ void fwd_kernel(FwdParams const& p) {
     }
     if constexpr (T::kAlibi) add_alibi(s, tScS_rc, row0, n * kBlockN, diag, slope);
     // Per-element masking only where this tile crosses the sequence end or a mask boundary.
-    if (tile_is_cut<T::kMask>(row0, kBlockM, n * kBlockN, kBlockN, seqlen_k, diag, p.window_left, p.window_right)) {
+    if constexpr (T::kPackGqa) {
+      if (tile_is_cut<T::kMask>(pos0, pos_last - pos0 + 1, n * kBlockN, kBlockN, seqlen_k, diag, p.window_left,
+                                p.window_right)) {
+        mask_tile<T::kMask, true>(s, tScS_rc, row0, n * kBlockN, seqlen_k, diag, p.window_left, p.window_right,
+                                  group);
+      }
+    } else if (tile_is_cut<T::kMask>(row0, kBlockM, n * kBlockN, kBlockN, seqlen_k, diag, p.window_left,
+                                     p.window_right)) {
       mask_tile<T::kMask>(s, tScS_rc, row0, n * kBlockN, seqlen_k, diag, p.window_left, p.window_right);
     }
 
@@ -366,22 +414,20 @@ __device__ __forceinline__ void fwd_kernel(FwdParams const& p) {
     CUTE_UNROLL
     for (int c = 0; c < size<1>(o_rc); ++c) o_rc(r, c) *= inv;
     const int row = get<0>(tOcO_rc(r, 0));
-    if (get<1>(tOcO_rc(r, 0)) == 0 && row0 + row < seqlen_q) {
-      lse_ptr[row0 + row] = empty ? empty_lse : (row_max[r] * p.scale_log2 + log2f(sum)) * 0.69314718055994531f;
+    if (get<1>(tOcO_rc(r, 0)) == 0 && row0 + row < rows_q) {
+      *lse_at(row0 + row) = empty ? empty_lse : (row_max[r] * p.scale_log2 + log2f(sum)) * 0.69314718055994531f;
     }
   }
   if constexpr (T::kSplit) {  // fp32 partial O straight from the accumulators, two adjacent columns at a time
-    float* o_part = p.o_partial + (((int64_t(split) * p.batch + batch) * p.nheads + head) * p.seqlen_q + row0) *
-                                      T::kHeadDim;
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      const int row = get<0>(tOcO_rc(r, 0));
+      const int row = row0 + get<0>(tOcO_rc(r, 0));
+      if (row >= rows_q) continue;
+      float* o_part = o_partial_at(row);
       CUTE_UNROLL
       for (int c = 0; c < size<1>(o_rc); c += 2) {
         const int col = get<1>(tOcO_rc(r, c));
-        if (row0 + row < seqlen_q && col < T::kHeadDim) {
-          *reinterpret_cast<float2*>(o_part + row * T::kHeadDim + col) = make_float2(o_rc(r, c), o_rc(r, c + 1));
-        }
+        if (col < T::kHeadDim) *reinterpret_cast<float2*>(o_part + col) = make_float2(o_rc(r, c), o_rc(r, c + 1));
       }
     }
     return;
@@ -398,8 +444,12 @@ __device__ __forceinline__ void fwd_kernel(FwdParams const& p) {
 
   typename T::GmemStore store;
   auto store_thr = store.get_thread_slice(tidx);
-  copy_predicated(store, store_thr.partition_S(sO), store_thr.partition_D(gO), store_thr.partition_D(cQ), q_rows,
-                  T::kHeadDim);
+  if constexpr (T::kPackGqa) {
+    copy_rows_predicated(store, store_thr.partition_S(sO), o_row, store_thr.partition_D(cQ), q_rows, T::kHeadDim);
+  } else {
+    copy_predicated(store, store_thr.partition_S(sO), store_thr.partition_D(gO), store_thr.partition_D(cQ), q_rows,
+                    T::kHeadDim);
+  }
 }
 
 }  // namespace flash_gen

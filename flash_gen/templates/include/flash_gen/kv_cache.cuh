@@ -53,4 +53,25 @@ __device__ __forceinline__ void copy_rows_zfill(TiledCopy const& tiled_copy, Row
   }
 }
 
+// Store a partitioned smem tile to gmem rows row_ptr(r) (pack-GQA's stacked heads), 16-byte vector by vector,
+// skipping rows at or past max_row and columns at or past max_col.
+template <class TiledCopy, class Src, class RowPtr, class Coord>
+__device__ __forceinline__ void copy_rows_predicated(TiledCopy const& tiled_copy, Src const& src,
+                                                     RowPtr const& row_ptr, Coord const& coord, int max_row,
+                                                     int max_col) {
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(src); ++m) {
+    const int row = get<0>(coord(0, m, 0));
+    if (row >= max_row) continue;
+    auto* dst_row = row_ptr(row);
+    CUTE_UNROLL
+    for (int k = 0; k < size<2>(src); ++k) {
+      const int col = get<1>(coord(0, m, k));
+      if (col >= max_col) continue;
+      Tensor dst = make_tensor(make_gmem_ptr(dst_row + col), make_layout(shape(src(_, m, k))));
+      copy(tiled_copy, src(_, m, k), dst);
+    }
+  }
+}
+
 }  // namespace flash_gen
