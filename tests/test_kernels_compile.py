@@ -2,8 +2,8 @@
 backward kernels compiles with NVRTC for sm_80, sm_90a and sm_100a without register spills. No GPU needed.
 
 Compiling one variant takes about a minute on a 2-core machine (CuTe's templates dominate), so the matrix is
-chosen to cover every code path at least once (each mask kind, softcap, ALiBi, packed ragged batches, fp16 and
-bf16, a padded head dim, one and two K/V stages, 4 and 8 warps) and is compiled once, two at a time, for all tests here.
+chosen to cover every code path at least once (each mask kind, softcap, ALiBi, packed ragged batches, a paged
+KV cache with split-KV and pack-GQA, fp16 and bf16, a padded head dim, one and two K/V stages, 4 and 8 warps) and is compiled once, two at a time, for all tests here.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from flash_gen.spec_bwd import BwdKey, default_bwd_config
 
 MATRIX = (
     FwdKey("sm80", "bf16", 128, "causal"),
-    FwdKey("sm80", "fp16", 96, "none"),
+    FwdKey("sm80", "fp16", 96, "causal", kv="paged", split=True, pack_gqa=True),  # decoding: paged, split, packed
     FwdKey("sm90", "fp16", 72, "local", softcap=True, alibi=True),
     FwdKey("sm90", "bf16", 64, "none"),
     FwdKey("sm100", "bf16", 256, "none"),
@@ -160,6 +160,16 @@ def test_params_struct_layout_matches_kernel(direction: str):
         load = re.search(rf"ld\.param\.\w+\s+[^,]+, \[fg_probe_{n}_param_0(?:\+(\d+))?\]", ptx)
         assert load, f"no parameter load found for {n}"
         assert int(load[1] or 0) == getattr(params, n).offset, f"{n}: C++ offset {load[1]} != ctypes"
+
+
+@pytest.mark.parametrize("arch,dtype", [("sm80", "fp16"), ("sm90", "bf16"), ("sm100", "bf16")])
+def test_split_kv_combine_kernel_compiles(arch: str, dtype: str):
+    """The head-dim-generic split-KV combine: no CuTe, so seconds to compile."""
+    from flash_gen.build.nvrtc import compile_many
+    from flash_gen.gen.render import combine_entry, render_combine
+
+    (result,) = compile_many(render_combine(arch, dtype), [combine_entry(arch, dtype)], arch)
+    assert f".entry {result.entry}" in result.ptx and not result.spills
 
 
 @pytest.mark.parametrize("arch,dtype", [("sm80", "fp16"), ("sm90", "bf16"), ("sm100", "bf16")])

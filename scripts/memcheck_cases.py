@@ -1,0 +1,72 @@
+"""Packed-batch and KV-cache calls with valid and with malformed index tensors, to run under
+`compute-sanitizer --tool memcheck` on a GPU (issue 4: offsets and page indices that cannot be checked without a
+host sync must still never make a kernel read or write outside its tensors):
+
+    compute-sanitizer --tool memcheck --error-exitcode 1 python3 scripts/memcheck_cases.py
+
+Malformed values give meaningless numbers; only memory safety is checked here (the GPU tests check results).
+Uses the kernels tests/test_varlen_gpu.py and tests/test_kvcache_gpu.py use (prebuilt by
+scripts/prebuild_gpu_test_kernels.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from flash_gen import flash_attn_varlen_func, flash_attn_with_kvcache
+
+
+def i32(values) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int32, device="cuda")
+
+
+def varlen_cases() -> int:
+    total_q, total_k = 300, 250
+    q = torch.randn(total_q, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(total_k, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(total_k, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    offsets = [
+        ([0, 100, 100, 300], [0, 50, 120, 250]),  # valid, with a zero-length entry
+        ([0, 200, 100, 300], [0, 300, 20, 250]),  # decreasing, past the end
+        ([-50, 100, 9999, 7], [400, -3, 0, 250]),  # garbage
+    ]
+    for cu_q, cu_k in offsets:
+        for causal in (False, True):
+            out = flash_attn_varlen_func(q, k, v, i32(cu_q), i32(cu_k), None, None, causal=causal)
+            out.backward(torch.ones_like(out))
+    return len(offsets) * 2
+
+
+def kvcache_cases() -> int:
+    batch, capacity, hk = 3, 700, 2
+    q = torch.randn(batch, 4, 8, 128, device="cuda", dtype=torch.bfloat16)
+    k_new = torch.randn(batch, 2, hk, 128, device="cuda", dtype=torch.bfloat16)
+    calls = 0
+    for page in (0, 1, 16, 256):
+        pages = -(-capacity // page) if page else 0
+        blocks = batch * pages + 3 if page else batch + 1
+        rows = page or capacity
+        k_cache = torch.randn(blocks, rows, hk, 128, device="cuda", dtype=torch.bfloat16)
+        v_cache = torch.randn_like(k_cache)
+        table = torch.randperm(blocks, device="cuda")[: batch * pages].view(batch, pages).to(torch.int32) \
+            if page else None
+        bad_table = table.clone() if page else None
+        if page:
+            bad_table[0, 0], bad_table[1, -1] = -7, 10**6
+        for seqlens, leftpad, batch_idx, tbl in (
+            (i32([5, 400, 698]), None, None, table),  # valid
+            (i32([-5, 10**6, 699]), i32([9, -1, 10**6]), None, bad_table),  # garbage lengths, padding, pages
+            (i32([1, 2, 3]), None, i32([0, -2, 10**6]) if not page else None, bad_table),
+        ):
+            for splits in (1, 3):
+                flash_attn_with_kvcache(q, k_cache, v_cache, k_new, k_new, cache_seqlens=seqlens,
+                                        cache_leftpad=leftpad if page != 256 else None, cache_batch_idx=batch_idx,
+                                        block_table=tbl, causal=True, num_splits=splits)
+                calls += 1
+    return calls
+
+
+if __name__ == "__main__":
+    n = varlen_cases() + kvcache_cases()
+    torch.cuda.synchronize()
+    print(f"memcheck_cases: {n} calls completed")
