@@ -25,6 +25,9 @@ HEAD_DIMS = tuple(range(8, 257, 8))
 
 # Per-arch limits used to prune configs before compiling (dynamic shared memory per block, in bytes).
 MAX_SMEM_PER_BLOCK = {"sm80": 163 * 1024, "sm90": 227 * 1024, "sm100": 227 * 1024}
+# Shared memory per SM, and what the hardware reserves per resident CTA: how many CTAs of a kernel fit at once.
+SMEM_PER_SM = {"sm80": 164 * 1024, "sm90": 228 * 1024, "sm100": 228 * 1024}
+SMEM_RESERVED_PER_CTA = 1024
 # Budget for the accumulators a thread holds (fp32 registers); above it ptxas spills. 255 is the hardware cap;
 # the rest of the kernel (pointers, indices, softmax state, fragments of Q/K/V) needs the remainder.
 MAX_ACCUM_REGS = 192
@@ -126,6 +129,12 @@ def smem_bytes(key: FwdKey, cfg: FwdConfig) -> int:
     return elem * d * (cfg.block_m + 2 * cfg.kv_stages * cfg.block_n)
 
 
+def ctas_per_sm(key: FwdKey, cfg: FwdConfig) -> int:
+    """Resident CTAs per SM as shared memory allows (the register file allows at least as many for these
+    tilings: 128-256 threads at <= 255 registers)."""
+    return max(1, SMEM_PER_SM[key.arch] // (smem_bytes(key, cfg) + SMEM_RESERVED_PER_CTA))
+
+
 def accum_regs(key: FwdKey, cfg: FwdConfig) -> int:
     """fp32 registers per thread for the O and S accumulators (plus Q fragments when held in registers)."""
     d = mma_head_dim(key.head_dim)
@@ -180,8 +189,9 @@ def default_config(key: FwdKey) -> FwdConfig:
     d = mma_head_dim(key.head_dim)
     if key.kv != "dense":
         # Decoding: a handful of query rows per CTA, so the MMAs idle and the kernel is bound by K/V bytes: the
-        # smallest query tile, long key tiles and a two-stage ring keep loads in flight.
-        prefs = [FwdConfig(64, 128, 4, 2), FwdConfig(64, 64, 4, 2), FwdConfig(64, 64, 4, 1), FwdConfig(64, 32, 4, 1)]
+        # smallest query tile and a two-stage ring, with 64-key tiles so two CTAs fit per SM (H200, GQA 32/8,
+        # hdim 128: 89-99% of the copy ceiling against 64-95% with 128-key tiles; docs/benchmarks.md).
+        prefs = [FwdConfig(64, 64, 4, 2), FwdConfig(64, 64, 4, 1), FwdConfig(64, 32, 4, 1)]
     elif d <= 80:
         prefs = [FwdConfig(128, 64, 4, 1), FwdConfig(64, 64, 4, 1)]
     elif d <= 128:

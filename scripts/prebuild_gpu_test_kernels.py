@@ -11,6 +11,7 @@ simply compiles what it lacks. Kernels are compiled in batches (one translation 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 import time
@@ -19,6 +20,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+
+
+DECODE_CONFIGS = ("m64n128w4s2", "m64n64w4s2", "m64n64w4s3")
 
 
 def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvcache", "bench")) -> set:
@@ -70,6 +74,10 @@ def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvca
             out.add(default(c.dtype, c.head_dim, mask, c.feature == "softcap", c.feature == "alibi", kv=kv,
                             split=c.splits != 1, pack=pack))
         out.add(default("bf16", 64, "none"))  # merge_attention_states
+    if "decode" in suites:  # benchmarks/bench_decode.py (GQA 32/8, hdim 128) under FLASH_GEN_FWD_CONFIG sweeps
+        for mask, kv, split in itertools.product(("none", "causal"), ("cache", "paged"), (False, True)):
+            key = FwdKey(arch, "bf16", 128, mask, kv=kv, split=split, pack_gqa=True)
+            out.update((key, config_from_name(name)) for name in DECODE_CONFIGS)
     if "bwd" in suites:  # the autograd, determinism, compile, profiler and CUDA-graph tests
         for d in (64, 128):
             out.add(default("bf16", d, "causal"))
@@ -97,7 +105,7 @@ def main() -> int:
     parser.add_argument("--arch", default="sm90")
     parser.add_argument("--out", type=Path, default=ROOT / ".kernels")
     parser.add_argument("--suites", default="fwd,bwd,varlen,kvcache,bench",
-                        help="comma list of fwd, bwd, varlen, kvcache, bench")
+                        help="comma list of fwd, bwd, varlen, kvcache, bench, decode (tiling sweep)")
     parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--prune", action="store_true",
                         help="only delete cache entries this plan does not use (stale after header changes), "

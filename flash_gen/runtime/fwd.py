@@ -23,7 +23,15 @@ from flash_gen.runtime.score_params import (
     set_strides,
     varlen_tiles,
 )
-from flash_gen.spec import FwdConfig, FwdKey, config_from_name, default_config, infeasible_reason, smem_bytes
+from flash_gen.spec import (
+    FwdConfig,
+    FwdKey,
+    config_from_name,
+    ctas_per_sm,
+    default_config,
+    infeasible_reason,
+    smem_bytes,
+)
 
 
 class FwdParams(ctypes.Structure):
@@ -176,11 +184,12 @@ def attention_fwd_kvcache(
     kv = "paged" if paged and (page_size % 128 or cache.leftpad_k is not None) else "cache"
     device, dtype, mask = q.device.index, DTYPES[q.dtype], mask_kind(causal, window_size)
     feats = (softcap > 0, alibi_slopes is not None, False)
-    cfg = config or _config(FwdKey(driver.device_arch(device), dtype, head_dim, mask, *feats, kv, False, pack))
+    key = FwdKey(driver.device_arch(device), dtype, head_dim, mask, *feats, kv, False, pack)
+    cfg = config or _config(key)
     tile_heads, rows = (nheads_k, seqlen_q * (nheads // nheads_k)) if pack else (nheads, seqlen_q)
     m_blocks = -(-rows // cfg.block_m)
-    splits = cache.num_splits or choose_num_splits(batch * tile_heads * m_blocks, -(-seqlen_k // cfg.block_n),
-                                                   driver.sm_count(device))
+    slots = driver.sm_count(device) * ctas_per_sm(key, cfg)
+    splits = cache.num_splits or choose_num_splits(batch * tile_heads * m_blocks, -(-seqlen_k // cfg.block_n), slots)
     var = _variant(device, dtype, head_dim, mask, *feats, config, kv, splits > 1, pack)
     p, out, lse = _params(q, k_cache, v_cache, None, batch, seqlen_k, causal=causal, window_size=window_size,
                           softmax_scale=softmax_scale, softcap=softcap, alibi_slopes=alibi_slopes)
@@ -209,13 +218,13 @@ _COMBINE_THREADS, _COMBINE_ROWS = 128, 4  # kCombineThreads, kCombineRows in tem
 _MAX_SPLITS = 128
 
 
-def choose_num_splits(ctas: int, key_tiles: int, sms: int) -> int:
-    """Split-KV heuristic: split only when the CTAs without splitting fill less than one wave, then enough for
-    about two waves, keeping at least two key tiles per split (each split costs a partial write and a read in
-    the combine)."""
-    if ctas >= sms:
+def choose_num_splits(ctas: int, key_tiles: int, slots: int) -> int:
+    """Split-KV heuristic: split only when the CTAs without splitting leave resident slots (SMs x CTAs per SM)
+    idle, then into as many splits as fill one wave without starting a second, keeping at least two key tiles
+    per split (each split costs a partial write and a read in the combine)."""
+    if ctas >= slots:
         return 1
-    return max(1, min(-(-2 * sms // ctas), key_tiles // 2, _MAX_SPLITS))
+    return max(1, min(slots // ctas, key_tiles // 2, _MAX_SPLITS))
 
 
 def _combine_kernel(device: int, dtype: str) -> driver.Kernel:

@@ -12,6 +12,7 @@ namespace flash_gen {
 
 constexpr int kCombineThreads = 128;
 constexpr int kCombineRows = kCombineThreads / 32;  // grid = (ceil(seqlen_q / kCombineRows), nheads, batch)
+constexpr int kMaxSplits = 128;                       // flash_gen.runtime.fwd._MAX_SPLITS
 
 template <bool kBf16>
 __device__ __forceinline__ void fwd_combine(FwdParams const& p) {
@@ -23,30 +24,48 @@ __device__ __forceinline__ void fwd_combine(FwdParams const& p) {
   const int64_t split_stride = int64_t(p.batch) * p.nheads * p.seqlen_q;  // rows per split
   const int64_t bhr = (int64_t(batch) * p.nheads + head) * p.seqlen_q + row;
 
-  float lse_max = -__int_as_float(0x7f800000);
-  for (int s = lane; s < p.num_splits; s += 32) lse_max = fmaxf(lse_max, p.lse_partial[s * split_stride + bhr]);
+  // Lane l owns splits l, l + 32, ... (at most kMaxSplits): their lse, then their weights.
+  const float kNegInf = -__int_as_float(0x7f800000);
+  float lse_s[kMaxSplits / 32];
+  float lse_max = kNegInf;
+#pragma unroll
+  for (int j = 0; j < kMaxSplits / 32; ++j) {
+    const int s = lane + 32 * j;
+    lse_s[j] = s < p.num_splits ? p.lse_partial[s * split_stride + bhr] : kNegInf;
+    lse_max = fmaxf(lse_max, lse_s[j]);
+  }
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) lse_max = fmaxf(lse_max, __shfl_xor_sync(0xffffffff, lse_max, off));
-  const bool empty = lse_max == -__int_as_float(0x7f800000);  // no split saw a key
+  const bool empty = lse_max == kNegInf;  // no split saw a key
   float sum = 0.f;
-  if (!empty) {
-    for (int s = lane; s < p.num_splits; s += 32) sum += __expf(p.lse_partial[s * split_stride + bhr] - lse_max);
-  }
+#pragma unroll
+  for (int j = 0; j < kMaxSplits / 32; ++j) sum += empty || lse_s[j] == kNegInf ? 0.f : __expf(lse_s[j] - lse_max);
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffff, sum, off);
   const float lse = empty ? __int_as_float(0x7f800000) : lse_max + __logf(sum);
+  float weight[kMaxSplits / 32];  // 0 for a split that saw no key (its O was never written)
+#pragma unroll
+  for (int j = 0; j < kMaxSplits / 32; ++j) weight[j] = empty || lse_s[j] == kNegInf ? 0.f : __expf(lse_s[j] - lse);
 
+  // Weighted sum of the splits' rows; the weights come by shuffle, so the O loads of consecutive splits are
+  // independent and the unrolled loop keeps several in flight.
   float acc[8] = {};
   const int col = lane * 8;
-  if (!empty && col < head_dim) {
-    for (int s = 0; s < p.num_splits; ++s) {
-      const float lse_s = p.lse_partial[s * split_stride + bhr];
-      if (lse_s == -__int_as_float(0x7f800000)) continue;  // its O was never written
-      const float w = __expf(lse_s - lse);
+  const bool active = col < head_dim;
+#pragma unroll 4
+  for (int s = 0; s < p.num_splits; ++s) {
+    float w = 0.f;  // split s's weight, from lane s % 32's slot s / 32 (a static index: no local memory)
+#pragma unroll
+    for (int j = 0; j < kMaxSplits / 32; ++j) {
+      const float wj = __shfl_sync(0xffffffff, weight[j], s % 32);
+      w = s / 32 == j ? wj : w;
+    }
+    if (active) {
       const float4* src = reinterpret_cast<const float4*>(p.o_partial + (s * split_stride + bhr) * head_dim + col);
       const float4 a = src[0], b = src[1];
-      acc[0] += w * a.x, acc[1] += w * a.y, acc[2] += w * a.z, acc[3] += w * a.w;
-      acc[4] += w * b.x, acc[5] += w * b.y, acc[6] += w * b.z, acc[7] += w * b.w;
+      const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[i] += w == 0.f ? 0.f : w * v[i];  // select: never 0 * (unwritten NaN)
     }
   }
   if (col < head_dim) {

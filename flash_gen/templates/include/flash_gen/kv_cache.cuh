@@ -35,15 +35,22 @@ __device__ __forceinline__ const Element* paged_row(FwdParams const& p, const El
 }
 
 // As copy_zfill (sm80_utils.cuh), but tile row r is read from row_ptr(r): rows gathered from pages. Rows at or
-// past max_row are zero-filled without looking up their page.
+// past max_row are zero-filled without looking up their page. Every row's address is computed before the first
+// copy is issued, so the page-table loads overlap instead of each waiting behind the previous row's cp.async.
 template <class TiledCopy, class RowPtr, class Dst, class Coord>
 __device__ __forceinline__ void copy_rows_zfill(TiledCopy const& tiled_copy, RowPtr const& row_ptr, Dst&& dst,
                                                 Coord const& coord, int max_row, int max_col) {
+  constexpr int kRows = decltype(size<1>(dst))::value;
+  decltype(row_ptr(0)) src_rows[kRows];
   CUTE_UNROLL
-  for (int m = 0; m < size<1>(dst); ++m) {
+  for (int m = 0; m < kRows; ++m) {
     const int row = get<0>(coord(0, m, 0));
-    const bool row_ok = row < max_row;
-    const auto* src_row = row_ptr(row_ok ? row : 0);
+    src_rows[m] = row_ptr(row < max_row ? row : 0);
+  }
+  CUTE_UNROLL
+  for (int m = 0; m < kRows; ++m) {
+    const bool row_ok = get<0>(coord(0, m, 0)) < max_row;
+    const auto* src_row = src_rows[m];
     CUTE_UNROLL
     for (int k = 0; k < size<2>(dst); ++k) {
       const int col = get<1>(coord(0, m, k));
