@@ -55,6 +55,8 @@ def main() -> int:
     p.add_argument("--seqlen-q", default="1,4")
     p.add_argument("--json", default="bench_decode.json")
     p.add_argument("--eager", action="store_true", help="time eager calls instead of CUDA-graph replays")
+    p.add_argument("--num-splits", type=int, default=0, help="split-KV count (0: flash_gen's heuristic)")
+    p.add_argument("--shapes", default="", help="batch x cache pairs, e.g. 1x8192,8x8192 (default: the table's)")
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("bench_decode needs a CUDA GPU", file=sys.stderr)
@@ -64,7 +66,8 @@ def main() -> int:
     print(f"copy ceiling {ceiling:.2f} TB/s ({timer_name})", flush=True)
     rows = []
     for sq in (int(x) for x in args.seqlen_q.split(",")):
-        for batch, length in SHAPES:
+        shapes = [tuple(int(x) for x in pair.split("x")) for pair in args.shapes.split(",")] if args.shapes else SHAPES
+        for batch, length in shapes:
             q = torch.randn(batch, sq, NHEADS, HDIM, device="cuda", dtype=torch.bfloat16)
             k = torch.randn(batch, length, NHEADS_K, HDIM, device="cuda", dtype=torch.bfloat16)
             v = torch.randn_like(k)
@@ -79,7 +82,8 @@ def main() -> int:
                                           v.view(batch * pages, page, NHEADS_K, HDIM), table)
             for name, (kc, vc, table) in cells.items():
                 fn = lambda: flash_gen.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens,  # noqa: E731
-                                                               block_table=table, causal=True)
+                                                               block_table=table, causal=True,
+                                                               num_splits=args.num_splits)
                 fn()
                 row["tbps"][name] = kv_bytes / (timer(fn if args.eager else graphed(fn)) * 1e-3) / 1e12
             qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
