@@ -100,7 +100,9 @@ def flash_attn_varlen_func(
 ) -> torch.Tensor:
     attn = check_attn_args(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                            return_attn_probs)
-    check_varlen_args(max_seqlen_q, max_seqlen_k, block_table)
+    check_varlen_args(max_seqlen_q, max_seqlen_k)
+    if block_table is not None:  # paged K/V: inference only
+        return ops.fwd_varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, *attn[:-1])[0]
     return ops.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, *attn)[0]
 
 
@@ -122,7 +124,7 @@ def flash_attn_varlen_kvpacked_func(
 ) -> torch.Tensor:
     attn = check_attn_args(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                            return_attn_probs)
-    check_varlen_args(max_seqlen_q, max_seqlen_k, None)
+    check_varlen_args(max_seqlen_q, max_seqlen_k)
     return ops.fwd_kvpacked(q, kv, cu_seqlens_q, cu_seqlens_k, *attn)[0]
 
 
@@ -141,7 +143,7 @@ def flash_attn_varlen_qkvpacked_func(
 ) -> torch.Tensor:
     attn = check_attn_args(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                            return_attn_probs)
-    check_varlen_args(max_seqlen, max_seqlen, None)
+    check_varlen_args(max_seqlen, max_seqlen)
     return ops.fwd_qkvpacked(qkv, cu_seqlens, cu_seqlens, *attn)[0]
 
 
@@ -243,8 +245,10 @@ flash_attn_kvpacked_func.__doc__ = """Attention over q (batch, seqlen_q, nheads,
 flash_attn_qkvpacked_func.__doc__ = """Self-attention over qkv (batch, seqlen, 3, nheads, head_dim) holding q, k and
     v; returns the output (batch, seqlen, nheads, head_dim). qkv's gradient is one tensor.""" + _DOC_COMMON
 flash_attn_varlen_func.__doc__ = """Attention over a packed ragged batch: q (total_q, nheads, head_dim), k and v
-    (total_k, nheads_k, head_dim); returns the output shaped like q. block_table (paged KV) raises
-    NotImplementedError for now.""" + _DOC_VARLEN + _DOC_COMMON
+    (total_k, nheads_k, head_dim); returns the output shaped like q. With block_table (batch, pages per entry;
+    int32), k and v are a paged KV cache (num_blocks, page_size, nheads_k, head_dim) of any page size, entry b's
+    cu_seqlens_k[b+1] - cu_seqlens_k[b] keys in the pages its row lists; that form has no gradient.""" + (
+    _DOC_VARLEN + _DOC_COMMON)
 flash_attn_varlen_kvpacked_func.__doc__ = """As flash_attn_varlen_func with kv (total_k, 2, nheads_k, head_dim) holding
     k and v; kv's gradient is one tensor.""" + _DOC_VARLEN + _DOC_COMMON
 flash_attn_varlen_qkvpacked_func.__doc__ = """Self-attention over a packed ragged batch qkv (total, 3, nheads,

@@ -185,7 +185,29 @@ def _(dout, qkv, out, lse, *attn):
     return torch.empty_like(qkv, memory_format=torch.contiguous_format)
 
 
-# --- KV cache (inference; no gradient) ------------------------------------------------------------------------
+# --- inference only (no gradient) ---------------------------------------------------------------------------
+
+
+@torch.library.custom_op("flash_gen::fwd_varlen_paged", mutates_args=())
+def fwd_varlen_paged(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                     block_table: Tensor, softmax_scale: Optional[float], causal: bool, window_left: int,
+                     window_right: int, softcap: float, alibi_slopes: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    """flash_attn_varlen_func with block_table: q packed (total_q, h, d), K/V in a paged cache."""
+    args = validate_fwd(q, k_cache, v_cache, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                        block_table=block_table, softmax_scale=softmax_scale, causal=causal,
+                        window_size=(window_left, window_right), softcap=softcap, alibi_slopes=alibi_slopes)
+    if args.empty:
+        return empty_outputs(q, args)
+    from flash_gen.runtime.fwd import attention_fwd
+
+    return attention_fwd(q, k_cache, v_cache, block_table=block_table,
+                         **_runtime_kwargs(args, cu_seqlens_q, cu_seqlens_k, alibi_slopes))
+
+
+@fwd_varlen_paged.register_fake
+def _(q, k_cache, v_cache, cu_seqlens_q, *args):
+    return _fake_outputs(q, cu_seqlens_q)
+
 
 
 @torch.library.custom_op("flash_gen::fwd_kvcache", mutates_args=("k_cache", "v_cache"))

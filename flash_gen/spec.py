@@ -50,9 +50,10 @@ class FwdKey:
     softcap: bool = False
     alibi: bool = False
     varlen: bool = False  # packed ragged batch: rows found through cu_seqlens (flash_attn_varlen_func)
-    # Where K/V rows live (flash_attn_with_kvcache): "dense" tensors; a "cache" read tile by tile (contiguous,
-    # or pages that hold whole key tiles), with per-entry used length, left padding and batch index; "paged":
-    # any page size, each row found through the block table.
+    # Where K/V rows live: "dense" tensors; a "cache" read tile by tile (contiguous, or pages that hold whole key
+    # tiles), with per-entry used length, left padding and batch index (flash_attn_with_kvcache); "paged": any
+    # page size, each row found through the block table. With varlen: a paged cache whose entries' lengths come
+    # from cu_seqlens_k (flash_attn_varlen_func with block_table).
     kv: str = "dense"
     split: bool = False  # split-KV: each CTA covers a share of the keys and writes fp32 partials to combine
     # KV-cache kernels: one CTA serves all query heads of a KV head, their rows stacked along the query tile, so
@@ -70,10 +71,8 @@ class FwdKey:
             raise ValueError(f"mask must be one of {MASKS}, got {self.mask!r}")
         if self.kv not in KV_LAYOUTS:
             raise ValueError(f"kv must be one of {KV_LAYOUTS}, got {self.kv!r}")
-        if self.kv != "dense" and self.varlen:
-            raise ValueError("a KV cache (kv != 'dense') takes dense queries: varlen must be False")
-        if (self.split or self.pack_gqa) and self.kv == "dense":
-            raise ValueError("split-KV and pack_gqa are built for KV-cache kernels only (kv != 'dense')")
+        if (self.split or self.pack_gqa) and (self.kv == "dense" or self.varlen):
+            raise ValueError("split-KV and pack_gqa are built for KV-cache kernels with dense queries only")
         if self.pack_gqa and self.alibi:
             raise ValueError("pack_gqa stacks several heads in one tile; ALiBi's per-head slopes need one head")
 
@@ -215,9 +214,9 @@ def enumerate_keys(
     varlen: tuple[bool, ...] = (False, True),
 ) -> Iterator[FwdKey]:
     """The forward key space: every (arch, dtype, head dim, mask, softcap, alibi, varlen) combination."""
-    layouts = [(packed, "dense", False, False) for packed in varlen] + [
-        (False, kv, split, pack) for kv in KV_LAYOUTS[1:] for split in (False, True) for pack in (False, True)
-    ]
+    layouts = [(packed, kv, False, False) for packed in varlen for kv in KV_LAYOUTS] + [
+        (False, kv, True, False) for kv in KV_LAYOUTS[1:]
+    ] + [(False, kv, split, True) for kv in KV_LAYOUTS[1:] for split in (False, True)]
     for arch, dtype, hd, mask in itertools.product(archs, dtypes, head_dims, masks):
         for softcap, alibi, (packed, kv, split, pack) in itertools.product((False, True), (False, True), layouts):
             if not (alibi and pack):

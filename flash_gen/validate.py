@@ -95,6 +95,7 @@ def check_fwd(
     *,
     cu_seqlens_q: torch.Tensor | None = None,
     cu_seqlens_k: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
     dropout_p: float = 0.0,
     softmax_scale: float | None = None,
     causal: bool = False,
@@ -106,16 +107,23 @@ def check_fwd(
     """Every forward check except the device one (see `check_device`); works on CPU and meta tensors.
 
     With cu_seqlens_q/k the batch is packed (flash_attn_varlen_func): q (total_q, nheads, head_dim), k/v
-    (total_k, nheads_k, head_dim), and the returned seqlen_q/seqlen_k are the totals.
+    (total_k, nheads_k, head_dim), and the returned seqlen_q/seqlen_k are the totals. With a block_table (batch,
+    pages per entry; int32) as well, k/v are a paged cache (num_blocks, page_size, nheads_k, head_dim) whose
+    entry b holds its cu_seqlens_k[b+1] - cu_seqlens_k[b] keys in its pages; seqlen_k is then pages x page_size.
     Raises TypeError, ValueError or NotImplementedError naming the argument; returns the normalized `FwdArgs`.
     """
     _check_unsupported(dropout_p, return_attn_probs)
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    if block_table is not None and not varlen:
+        raise ValueError("block_table: a paged K/V cache here needs cu_seqlens_q/k (or use flash_attn_with_kvcache)")
     dims, layout = (3, "(total, nheads, head_dim)") if varlen else (4, "(batch, seqlen, nheads, head_dim)")
+    kv_dims, kv_layout = (4, "(num_blocks, page_size, nheads_k, head_dim)") if block_table is not None else (
+        dims, layout)
     for name, t in (("q", q), ("k", k), ("v", v)):
         _require_tensor(name, t)
-        if t.dim() != dims:
-            raise ValueError(f"{name}: expected {dims} dims {layout}, got shape {tuple(t.shape)}")
+        want, shape = (dims, layout) if name == "q" else (kv_dims, kv_layout)
+        if t.dim() != want:
+            raise ValueError(f"{name}: expected {want} dims {shape}, got shape {tuple(t.shape)}")
     if q.dtype not in _DTYPES:
         raise TypeError(f"q: dtype must be torch.float16 or torch.bfloat16, got {q.dtype}")
     for name, t in (("k", k), ("v", v)):
@@ -126,6 +134,10 @@ def check_fwd(
     *_, seqlen_k, nheads_k, _ = k.shape
     if varlen:
         batch = _check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k)
+        if block_table is not None:
+            _check_index("block_table", block_table, 2)
+            _check_dim(block_table, "block_table", 0, "batch", batch, "cu_seqlens_q's")
+            seqlen_k = block_table.shape[1] * k.shape[1]  # the rows an entry can hold
     else:
         batch = q.shape[0]
         if batch < 1:
@@ -138,7 +150,7 @@ def check_fwd(
     _check_dim(k, "k", -1, "head_dim", head_dim, "q")
     if nheads_k < 1 or nheads % nheads_k:
         raise ValueError(f"k: nheads_k={nheads_k} must be >= 1 and divide q's nheads={nheads}")
-    for axis, what in enumerate(("batch", "seqlen_k", "nheads_k", "head_dim")[4 - dims :]):
+    for axis, what in enumerate(("batch", "seqlen_k", "nheads_k", "head_dim")[4 - kv_dims :]):
         _check_dim(v, "v", axis, what, k.shape[axis], "k")
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_layout(name, t)
@@ -177,7 +189,7 @@ def validate_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: An
     """`check_fwd` (same keyword arguments) then `check_device`; under FLASH_GEN_DEBUG=1 also the cu_seqlens
     values (a device-to-host copy). The full contract of the forward API."""
     args = check_fwd(q, k, v, **kwargs)
-    tensors = {name: kwargs.get(name) for name in ("cu_seqlens_q", "cu_seqlens_k", "alibi_slopes")}
+    tensors = {name: kwargs.get(name) for name in ("cu_seqlens_q", "cu_seqlens_k", "block_table", "alibi_slopes")}
     check_device(q, k=k, v=v, **tensors)
     if args.varlen and settings.debug():
         check_cu_seqlens_values("cu_seqlens_q", kwargs["cu_seqlens_q"], args.seqlen_q)
@@ -397,16 +409,14 @@ def _check_index(name: str, t: object, dims: int) -> None:
                          f"{tuple(t.shape)} strides {t.stride()}")
 
 
-def check_varlen_args(max_seqlen_q: object, max_seqlen_k: object, block_table: object) -> None:
+def check_varlen_args(max_seqlen_q: object, max_seqlen_k: object) -> None:
     """The varlen functions' extra plain arguments: max_seqlen_* may be an int >= 0, a tensor or None (they are
-    never needed); block_table is not supported yet."""
+    never needed)."""
     for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if value is None or isinstance(value, torch.Tensor):
             continue
         if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0:
             raise TypeError(f"{name}: expected an int >= 0, a tensor or None, got {value!r}")
-    if block_table is not None:
-        raise NotImplementedError("block_table: paged KV in flash_attn_varlen_func is not implemented yet")
 
 
 def check_packed(name: str, t: object, parts: int, varlen: bool) -> None:

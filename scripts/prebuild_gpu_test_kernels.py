@@ -64,6 +64,7 @@ def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvca
             out.add(default(c.dtype, c.head_dim, mask, *feats, varlen=True))
             out.add(default_bwd(c.dtype, c.head_dim, mask, *feats, c.deterministic, varlen=True))
         out.add(default("bf16", 64, "causal", varlen=True))  # the packed-variant and CUDA-graph tests
+        out.update(default("bf16", 64, "causal", varlen=True, kv=kv) for kv in ("cache", "paged"))  # block_table
         out.update(default_bwd("bf16", 64, "causal", deterministic=det, varlen=True) for det in (False, True))
     if "kvcache" in suites:
         for c in tk.CASES + [tk.Case(16, seqlen_q=4, splits=s) for s in (1, 2)] + [tk.Case(16, new=1, splits=3)]:

@@ -136,7 +136,6 @@ def test_meta_varlen_autograd():
     [
         (dict(max_seqlen_q=1.5), TypeError, "max_seqlen_q"),
         (dict(max_seqlen_k=-1), TypeError, "max_seqlen_k"),
-        (dict(block_table=torch.zeros(2, 1, dtype=torch.int32)), NotImplementedError, "block_table"),
     ],
 )
 def test_varlen_plain_arguments_are_named(kwargs, exc, name):
@@ -174,3 +173,11 @@ def test_merge_attention_states_on_cpu():
     torch.testing.assert_close(out, wa * out_a + (1 - wa) * out_b, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="^lse_b"):
         api.merge_attention_states(out_a, lse_a, out_b, lse_b[:, :1])
+
+
+def test_fake_varlen_paged_shapes():
+    q, cache = meta(TOTAL_Q, H, D), meta(9, 16, HK, D)
+    cu = torch.empty(B + 1, dtype=torch.int32, device="meta")
+    table = torch.empty(B, 4, dtype=torch.int32, device="meta")
+    out, lse = ops.fwd_varlen_paged(q, cache, cache, cu, cu, table, None, True, -1, -1, 0.0, None)
+    assert out.shape == q.shape and lse.shape == (H, TOTAL_Q)

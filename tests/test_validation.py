@@ -339,3 +339,17 @@ def test_kvcache_accepts_contiguous_and_paged_caches():
 def test_kvcache_rejects_bad_input_by_name(change, exc, match):
     with pytest.raises(exc, match=match):
         kvcache_args(**change)
+
+
+def test_varlen_paged_cache_is_checked():
+    q, k, v, cu, cu_k = varlen()
+    cache = torch.randn(20, 16, HK, D, dtype=torch.bfloat16)
+    table = torch.zeros(3, 5, dtype=torch.int32)
+    args = check_fwd(q, cache, cache, cu_seqlens_q=cu, cu_seqlens_k=cu_k, block_table=table)
+    assert args.seqlen_k == 80 and args.varlen
+    with pytest.raises(ValueError, match="^k: expected 4 dims"):
+        check_fwd(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu_k, block_table=table)
+    with pytest.raises(ValueError, match="^block_table: batch"):
+        check_fwd(q, cache, cache, cu_seqlens_q=cu, cu_seqlens_k=cu_k, block_table=table[:2])
+    with pytest.raises(ValueError, match="^block_table: a paged"):
+        check_fwd(q[None], cache, cache, block_table=table)

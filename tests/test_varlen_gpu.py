@@ -192,3 +192,28 @@ def test_varlen_step_captures_in_a_cuda_graph():
     assert not torch.equal(eager[0], expected[0])
     assert torch.equal(captured[0], expected[0])
     torch.testing.assert_close(captured[1], expected[1], atol=2e-2, rtol=0)
+
+
+@pytest.mark.parametrize("page", [1, 16, 256])
+def test_varlen_over_a_paged_cache(page: int):
+    """flash_attn_varlen_func with block_table: each entry's keys live in shuffled pages of a paged cache."""
+    case = Case("bf16", 64, (0, 1, 130, 300), (5, 0, 200, 513), 4, 2, "causal")
+    seed = fresh_seed()
+    q, k, v, dout, _ = _inputs(case, seed)
+    cu_q, cu_k = _cu(case.lens_q), _cu(case.lens_k)
+    pages_per = -(-max(case.lens_k) // page)
+    blocks = len(case.lens_k) * pages_per + 3
+    gen = torch.Generator(device="cuda").manual_seed(seed + 1)
+    table = torch.randperm(blocks, generator=gen, device="cuda")[: len(case.lens_k) * pages_per].view(-1, pages_per)
+    k_cache, v_cache = (torch.randn(blocks, page, 2, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    starts = cu_k.tolist()
+    for b, n in enumerate(case.lens_k):
+        rows = torch.arange(n, device="cuda")
+        index = (table[b].long()[rows // page], rows % page)
+        k_cache[index], v_cache[index] = k[starts[b] : starts[b] + n], v[starts[b] : starts[b] + n]
+    out = flash_attn_varlen_func(q, k_cache, v_cache, cu_q, cu_k, None, None, causal=True,
+                                 block_table=table.to(torch.int32))
+    kwargs = _kwargs(case, None)
+    out64, _, _ = _reference(case, q, k, v, dout, upcast=True, **kwargs)
+    out_lo, _, _ = _reference(case, q, k, v, dout, upcast=False, **kwargs)
+    _check("out", out, out64, out_lo, f"page {page} seed={seed}")

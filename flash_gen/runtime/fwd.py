@@ -127,6 +127,7 @@ def attention_fwd(
     alibi_slopes: torch.Tensor | None,
     cu_seqlens_q: torch.Tensor | None = None,
     cu_seqlens_k: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     config: FwdConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -135,18 +136,24 @@ def attention_fwd(
     q (b, sq, h, d), k/v (b, sk, hk, d), last dim contiguous; `window_size` uses -1 for an unbounded side and
     `causal` is exclusive with a finite window (validate normalises both). softmax_lse is (b, h, sq) float32,
     +inf for rows that see no key. With cu_seqlens_q/k (int32, batch + 1 row offsets) the batch is packed:
-    q (total_q, h, d), k/v (total_k, hk, d), softmax_lse (h, total_q). `out`, when given, is written in place
-    (shape of q, last dim contiguous). `config` forces a tiling (benchmarks, the tuner); ValueError if it cannot
-    run this key.
+    q (total_q, h, d), k/v (total_k, hk, d), softmax_lse (h, total_q); with a block_table (batch, pages; int32) as
+    well, k/v are a paged cache (num_blocks, page_size, hk, d) holding entry b's cu_seqlens_k[b+1] -
+    cu_seqlens_k[b] keys in its pages. `out`, when given, is written in place (shape of q, last dim contiguous).
+    `config` forces a tiling (benchmarks, the tuner); ValueError if it cannot run this key.
     """
     varlen = cu_seqlens_q is not None
     batch = cu_seqlens_q.numel() - 1 if varlen else q.shape[0]
-    seqlen_k = k.shape[-3]  # the total when varlen
+    kv, seqlen_k = "dense", k.shape[-3]  # the total when varlen
+    if block_table is not None:  # pages holding whole key tiles (block_n <= 128) are read tile by tile
+        kv, seqlen_k = ("paged" if k.shape[1] % 128 else "cache"), block_table.shape[1] * k.shape[1]
     var = _variant(q.device.index, DTYPES[q.dtype], q.shape[-1], mask_kind(causal, window_size), softcap > 0,
-                   alibi_slopes is not None, varlen, config)
+                   alibi_slopes is not None, varlen, config, kv)
     p, out, lse = _params(q, k, v, out, batch, seqlen_k, causal=causal, window_size=window_size,
                           softmax_scale=softmax_scale, softcap=softcap, alibi_slopes=alibi_slopes)
     nheads, seqlen_q = q.shape[-2], q.shape[-3]
+    if block_table is not None:
+        p.block_table, p.block_table_stride = block_table.data_ptr(), block_table.stride(0)
+        p.kv_batches, p.page_size = k.shape[0], k.shape[1]
     if varlen:
         p.cu_seqlens_q, p.cu_seqlens_k = cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr()
         grid = (varlen_tiles(seqlen_q, batch, var.cfg.block_m), nheads, 1)

@@ -82,7 +82,7 @@ __device__ __forceinline__ void fwd_kernel(FwdParams const& p) {
   }
   SeqInfo seq = seq_info<T::kVarlen>(p, batch);
   int kv_batch = batch;
-  if constexpr (T::kKv != KvLayout::kDense) kv_batch = kv_cache_rows(p, batch, seq);
+  if constexpr (T::kKv != KvLayout::kDense) kv_batch = kv_cache_rows<T::kVarlen>(p, batch, seq);
   const int seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k;
   const int head_k = head / group;
   const int rows_q = T::kPackGqa ? seqlen_q * group : seqlen_q;  // tile rows of this (entry, head or group)

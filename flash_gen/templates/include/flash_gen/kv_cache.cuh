@@ -16,8 +16,12 @@ using namespace cute;
 enum class KvLayout { kDense = 0, kCache = 1, kPaged = 2 };
 
 // Entry `batch`'s keys: rows [leftpad, used) of the cache (seq.k_start, seq.seqlen_k), and its cache entry.
+// A varlen batch over a paged cache (flash_attn_varlen_func with block_table) takes `used` from cu_seqlens_k.
+template <bool kVarlen>
 __device__ __forceinline__ int kv_cache_rows(FwdParams const& p, int batch, SeqInfo& seq) {
-  const int used = p.seqused_k != nullptr ? min(max(p.seqused_k[batch], 0), p.seqlen_k) : p.seqlen_k;
+  const int count = kVarlen ? p.cu_seqlens_k[batch + 1] - p.cu_seqlens_k[batch]
+                            : (p.seqused_k != nullptr ? p.seqused_k[batch] : p.seqlen_k);
+  const int used = min(max(count, 0), p.seqlen_k);
   const int pad = p.leftpad_k != nullptr ? min(max(p.leftpad_k[batch], 0), used) : 0;
   seq.k_start = pad;
   seq.seqlen_k = used - pad;
