@@ -3,7 +3,7 @@
 Owns argument parsing and the compile report. Each subcommand imports the compiler, the cache or rich when it
 runs; compile workers are separate processes (NVRTC is CPU-bound and serialises compiles within a process), each
 compiling a batch of variants as one translation unit.
-Never imports optuna.
+Imports optuna only for `tune`.
 """
 
 from __future__ import annotations
@@ -184,6 +184,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return bench.run(args)
 
 
+def _cmd_tune(args: argparse.Namespace) -> int:
+    from flash_gen.search import tune
+
+    return tune.run(args)
+
+
 def _cmd_cache(args: argparse.Namespace) -> int:
     from flash_gen.build import cache
 
@@ -252,6 +258,28 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="forward or fwd+bwd TFLOP/s against SDPA's FA2 and cuDNN backends (GPU)")
     _add_bench_arguments(p)
     p.set_defaults(func=_cmd_bench)
+
+    p = sub.add_parser("tune", help="search each family's tiling space on this GPU; write flash_gen/tuned/<arch>.json")
+    p.add_argument("--arch", type=_csv(str, spec.ARCHS), default=("sm90",), help="the GPU's arch (default: sm90)")
+    p.add_argument("--hdim", type=_csv(int, spec.HEAD_DIMS), default=(64, 128), help="comma list (default: 64,128)")
+    p.add_argument("--dtype", type=_csv(str, spec.DTYPES), default=("bf16",), help="comma list (default: bf16)")
+    p.add_argument("--mask", type=_csv(str, spec.MASKS), default=("none", "causal"), help="comma list")
+    p.add_argument("--direction", type=_csv(str, ("fwd", "bwd", "decode")), default=("fwd",),
+                   help="comma list of fwd, bwd, decode (default: fwd)")
+    p.add_argument("--trials", type=int, default=40, help="completed trials per family and bucket (default: 40)")
+    p.add_argument("--time-budget", type=float, default=0.0, help="minutes per family (0: no limit)")
+    p.add_argument("--storage", default=None, help="Optuna RDB URL (default: SQLite in the kernel cache folder; "
+                   "postgresql://... to share studies between processes and hosts)")
+    p.add_argument("--study", default="flash-gen", help="study name prefix (resume by reusing it)")
+    p.add_argument("--devices", type=lambda t: tuple(int(x) for x in t.split(",") if x), default=(0,),
+                   help="GPUs, one worker process each (default: 0)")
+    p.add_argument("--database", type=Path, default=None, help="tuning database to update (default: "
+                   "flash_gen/tuned/<arch>.json)")
+    p.add_argument("--seed", type=int, default=None, help="sampler seed")
+    p.add_argument("-j", "--jobs", type=int, default=0, help="compile workers (default: cores)")
+    p.add_argument("--dry-run", action="store_true", help="print each family's space size and buckets; no GPU")
+    p.add_argument("--no-collect", action="store_true", help=argparse.SUPPRESS)  # per-GPU worker processes
+    p.set_defaults(func=_cmd_tune)
 
     p = sub.add_parser("cache", help="inspect or clear the compiled-kernel cache")
     p.add_argument("action", choices=("info", "clear"))

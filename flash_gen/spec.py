@@ -33,6 +33,23 @@ SMEM_RESERVED_PER_CTA = 1024
 MAX_ACCUM_REGS = 192
 
 
+# Sequence-length buckets the tuner tunes separately (flash_gen.search.space gives each its shapes) and the
+# runtime looks tuned configs up by: (name, largest seqlen_k served; 0 = no limit).
+BUCKETS = {
+    "fwd": (("s<=1k", 1024), ("s<=4k", 4096), ("s>4k", 0)),
+    "bwd": (("s<=1k", 1024), ("s<=4k", 4096), ("s>4k", 0)),
+    "decode": (("cache<=8k", 8192), ("cache>8k", 0)),
+}
+
+
+def bucket_name(direction: str, seqlen_k: int) -> str:
+    """The bucket serving calls with this key length."""
+    for name, limit in BUCKETS[direction]:
+        if limit == 0 or seqlen_k <= limit:
+            return name
+    return BUCKETS[direction][-1][0]
+
+
 def mma_head_dim(head_dim: int) -> int:
     """Head dim as the MMA sees it: the k-step of mma.sync m16n8k16 is 16, so a head dim of 72 computes as 80
     with zero-filled columns (loads and stores touch exactly `head_dim` columns)."""

@@ -13,6 +13,7 @@ import torch
 
 from flash_gen.gen.render import bwd_aux_prefix, entry_name, render_bwd, render_bwd_aux
 from flash_gen.runtime import driver, loader
+from flash_gen.runtime.tuned import tuned_config
 from flash_gen.runtime.score_params import (
     DTYPES,
     check_grid,
@@ -21,6 +22,7 @@ from flash_gen.runtime.score_params import (
     set_strides,
     varlen_tiles,
 )
+from flash_gen.spec import bucket_name
 from flash_gen.spec_bwd import (
     BwdConfig,
     BwdKey,
@@ -82,12 +84,12 @@ _variants: dict[tuple, _Variant] = {}
 
 
 def _variant(device: int, dtype: str, head_dim: int, mask: str, softcap: bool, alibi: bool, varlen: bool,
-             deterministic: bool, config: BwdConfig | None) -> _Variant:
-    lookup = (device, dtype, head_dim, mask, softcap, alibi, varlen, deterministic, config)
+             deterministic: bool, config: BwdConfig | None, bucket: str) -> _Variant:
+    lookup = (device, dtype, head_dim, mask, softcap, alibi, varlen, deterministic, config, bucket)
     var = _variants.get(lookup)
     if var is None:
         key = BwdKey(driver.device_arch(device), dtype, head_dim, mask, softcap, alibi, varlen, deterministic)
-        cfg = config or default_bwd_config(key)
+        cfg = config or tuned_config(key, bucket) or default_bwd_config(key)
         why = bwd_infeasible_reason(key, cfg)
         if why is not None:
             raise ValueError(f"config: {cfg.name} cannot run {key.name}: {why}")
@@ -128,7 +130,7 @@ def attention_bwd(
     check_grid(batch, max(nheads, nheads_k))
     mask = mask_kind(causal, window_size)
     var = _variant(q.device.index, DTYPES[q.dtype], head_dim, mask, softcap > 0, alibi_slopes is not None, varlen,
-                   deterministic, config)
+                   deterministic, config, bucket_name("bwd", seqlen_k))
     block_m = var.cfg.block_m
 
     # Row-padded fp32 buffers (acc_row0 in bwd_params.cuh): every entry gets its rows rounded up to block_m.

@@ -15,6 +15,7 @@ import torch
 from flash_gen import settings
 from flash_gen.gen.render import combine_entry, entry_name, render_combine, render_fwd
 from flash_gen.runtime import driver, loader
+from flash_gen.runtime.tuned import tuned_config
 from flash_gen.runtime.score_params import (
     DTYPES,
     check_grid,
@@ -26,6 +27,7 @@ from flash_gen.runtime.score_params import (
 from flash_gen.spec import (
     FwdConfig,
     FwdKey,
+    bucket_name,
     config_from_name,
     ctas_per_sm,
     default_config,
@@ -89,14 +91,14 @@ class KvCache:
 
 def _variant(
     device: int, dtype: str, head_dim: int, mask: str, softcap: bool, alibi: bool, varlen: bool,
-    config: FwdConfig | None, kv: str = "dense", split: bool = False, pack_gqa: bool = False,
+    config: FwdConfig | None, kv: str = "dense", split: bool = False, pack_gqa: bool = False, bucket: str = "",
 ) -> _Variant:
-    lookup = (device, dtype, head_dim, mask, softcap, alibi, varlen, config, kv, split, pack_gqa)
+    lookup = (device, dtype, head_dim, mask, softcap, alibi, varlen, config, kv, split, pack_gqa, bucket)
     var = _variants.get(lookup)
     if var is None:
         arch = driver.device_arch(device)
         key = FwdKey(arch, dtype, head_dim, mask, softcap, alibi, varlen, kv, split, pack_gqa)
-        cfg = config or _config(key)
+        cfg = config or _config(key, bucket)
         why = infeasible_reason(key, cfg)
         if why is not None:
             raise ValueError(f"config: {cfg.name} cannot run {key.name}: {why}")
@@ -106,13 +108,14 @@ def _variant(
     return var
 
 
-def _config(key: FwdKey) -> FwdConfig:
+def _config(key: FwdKey, bucket: str) -> FwdConfig:
+    """FLASH_GEN_FWD_CONFIG where feasible, else the tuning database's entry for the bucket, else the default."""
     forced = settings.fwd_config()
     if forced is not None:
         cfg = config_from_name(forced)
         if infeasible_reason(key, cfg) is None:
             return cfg
-    return default_config(key)
+    return tuned_config(key, bucket) or default_config(key)
 
 
 def attention_fwd(
@@ -147,7 +150,7 @@ def attention_fwd(
     if block_table is not None:  # pages holding whole key tiles (block_n <= 128) are read tile by tile
         kv, seqlen_k = ("paged" if k.shape[1] % 128 else "cache"), block_table.shape[1] * k.shape[1]
     var = _variant(q.device.index, DTYPES[q.dtype], q.shape[-1], mask_kind(causal, window_size), softcap > 0,
-                   alibi_slopes is not None, varlen, config, kv)
+                   alibi_slopes is not None, varlen, config, kv, bucket=bucket_name("fwd", seqlen_k))
     p, out, lse = _params(q, k, v, out, batch, seqlen_k, causal=causal, window_size=window_size,
                           softmax_scale=softmax_scale, softcap=softcap, alibi_slopes=alibi_slopes)
     nheads, seqlen_q = q.shape[-2], q.shape[-3]
@@ -192,12 +195,12 @@ def attention_fwd_kvcache(
     device, dtype, mask = q.device.index, DTYPES[q.dtype], mask_kind(causal, window_size)
     feats = (softcap > 0, alibi_slopes is not None, False)
     key = FwdKey(driver.device_arch(device), dtype, head_dim, mask, *feats, kv, False, pack)
-    cfg = config or _config(key)
+    cfg = config or _config(key, bucket_name("decode", seqlen_k))
     tile_heads, rows = (nheads_k, seqlen_q * (nheads // nheads_k)) if pack else (nheads, seqlen_q)
     m_blocks = -(-rows // cfg.block_m)
     slots = driver.sm_count(device) * ctas_per_sm(key, cfg)
     splits = cache.num_splits or choose_num_splits(batch * tile_heads * m_blocks, -(-seqlen_k // cfg.block_n), slots)
-    var = _variant(device, dtype, head_dim, mask, *feats, config, kv, splits > 1, pack)
+    var = _variant(device, dtype, head_dim, mask, *feats, cfg, kv, splits > 1, pack)
     p, out, lse = _params(q, k_cache, v_cache, None, batch, seqlen_k, causal=causal, window_size=window_size,
                           softmax_scale=softmax_scale, softcap=softcap, alibi_slopes=alibi_slopes)
     for name, t in (("seqused_k", cache.seqused_k), ("leftpad_k", cache.leftpad_k),

@@ -1,0 +1,100 @@
+"""The tuning database: per kernel key and sequence-length bucket, the fastest config found, its time, the
+default's time and where it was measured. One human-readable JSON file per arch (flash_gen/tuned/<arch>.json),
+written by `flash-gen tune` with sorted keys so it diffs cleanly, read here when the runtime picks a tiling.
+Must not import torch or optuna.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from flash_gen import spec, spec_bwd
+
+FORMAT = 1
+TUNED_DIR = Path(__file__).resolve().parent.parent / "tuned"
+
+
+@dataclass(frozen=True)
+class Entry:
+    config: str  # FwdConfig / BwdConfig name
+    ms: float  # total over the bucket's shapes
+    default_config: str
+    default_ms: float
+    gpu: str
+    driver: str
+    date: str  # ISO 8601, UTC
+    trials: int
+
+    @property
+    def speedup(self) -> float:
+        return self.default_ms / self.ms if self.ms > 0 else 1.0
+
+
+class TunedDb:
+    """In-memory view of one arch's database file."""
+
+    def __init__(self, arch: str, entries: dict[str, dict[str, Entry]] | None = None) -> None:
+        self.arch = arch
+        self.entries: dict[str, dict[str, Entry]] = entries or {}
+
+    def lookup(self, key_name: str, bucket: str) -> Entry | None:
+        return self.entries.get(key_name, {}).get(bucket)
+
+    def record(self, key_name: str, bucket: str, entry: Entry) -> None:
+        self.entries.setdefault(key_name, {})[bucket] = entry
+
+    def to_json(self) -> str:
+        body = {
+            "format": FORMAT,
+            "arch": self.arch,
+            "entries": {
+                key: {b: {**asdict(e), "speedup": round(e.speedup, 4)} for b, e in sorted(buckets.items())}
+                for key, buckets in sorted(self.entries.items())
+            },
+        }
+        return json.dumps(body, indent=1, sort_keys=True) + "\n"
+
+    def save(self, path: Path | None = None) -> Path:
+        path = path or TUNED_DIR / f"{self.arch}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(self.to_json())
+        tmp.replace(path)  # atomic: a reader never sees half a file
+        return path
+
+
+def load(arch: str, path: Path | None = None) -> TunedDb:
+    """The database for `arch` (empty when the file does not exist). Raises ValueError on a file of another
+    format or arch."""
+    path = path or TUNED_DIR / f"{arch}.json"
+    if not path.exists():
+        return TunedDb(arch)
+    raw = json.loads(path.read_text())
+    if raw.get("format") != FORMAT or raw.get("arch") != arch:
+        raise ValueError(f"{path}: not a format-{FORMAT} tuning database for {arch}")
+    fields = set(Entry.__dataclass_fields__)
+    entries = {key: {b: Entry(**{k: v for k, v in e.items() if k in fields}) for b, e in buckets.items()}
+               for key, buckets in raw["entries"].items()}
+    return TunedDb(arch, entries)
+
+
+@functools.lru_cache(maxsize=None)
+def shipped(arch: str) -> TunedDb:
+    """The database that ships with flash_gen for `arch` (read once per process)."""
+    return load(arch)
+
+
+def tuned_config(key, bucket: str):
+    """The tuned config for `key` in `bucket` (flash_gen.spec.bucket_name), or None. Entries the current
+    feasibility rules reject are ignored."""
+    entry = shipped(key.arch).lookup(key.name, bucket)
+    if entry is None:
+        return None
+    if isinstance(key, spec_bwd.BwdKey):
+        cfg = spec_bwd.bwd_config_from_name(entry.config)
+        return cfg if spec_bwd.bwd_infeasible_reason(key, cfg) is None else None
+    cfg = spec.config_from_name(entry.config)
+    return cfg if spec.infeasible_reason(key, cfg) is None else None

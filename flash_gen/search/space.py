@@ -1,0 +1,147 @@
+"""What one tune covers: a family (direction, arch, dtype, head dim, mask), its sequence-length buckets with
+their representative shapes, and the search space of the family's template.
+
+The axes and their constraints are the template's own declaration: flash_gen.spec.CONFIG_SPACE with
+infeasible_reason (forward and decoding) and flash_gen.spec_bwd.BWD_CONFIG_SPACE with bwd_infeasible_reason
+(backward), next to the config dataclasses the templates are rendered from. Must not import torch or optuna.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from flash_gen import spec, spec_bwd
+
+DIRECTIONS = ("fwd", "bwd", "decode")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One timed call: batch, query and key lengths, query and KV heads."""
+
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    nheads: int
+    nheads_k: int
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """A range of sequence lengths tuned as one: the best config minimises the total time over `shapes`."""
+
+    name: str  # also the database key, e.g. "s<=1k"
+    max_seqlen: int  # inclusive upper bound of the seqlen_k this bucket serves (0: unbounded)
+    shapes: tuple[Shape, ...]
+
+
+@dataclass(frozen=True)
+class Family:
+    """One tune: every config of one kernel key, per bucket."""
+
+    direction: str  # fwd | bwd | decode
+    arch: str
+    dtype: str
+    head_dim: int
+    mask: str
+
+    @property
+    def key(self) -> spec.FwdKey | spec_bwd.BwdKey:
+        if self.direction == "bwd":
+            return spec_bwd.BwdKey(self.arch, self.dtype, self.head_dim, self.mask)
+        if self.direction == "decode":  # a contiguous cache with pack-GQA, as decoding steps run
+            return spec.FwdKey(self.arch, self.dtype, self.head_dim, self.mask, kv="cache", pack_gqa=True)
+        return spec.FwdKey(self.arch, self.dtype, self.head_dim, self.mask)
+
+    @property
+    def name(self) -> str:
+        return f"{self.direction}:{self.key.name}"
+
+    @property
+    def kernel_keys(self) -> tuple:
+        """Every kernel a config of this family runs: decoding also launches its split-KV form."""
+        key = self.key
+        return (key, dataclasses.replace(key, split=True)) if self.direction == "decode" else (key,)
+
+
+def buckets(family: Family) -> tuple[Bucket, ...]:
+    """flash_gen.spec.BUCKETS with representative shapes: shared/ANCHORS.md's convention for training (total
+    tokens 32k, 2048 / head dim heads); GQA 32/8 heads, one query row per entry, for decoding."""
+    heads = max(1, 2048 // family.head_dim)
+
+    def train(seqlen: int) -> Shape:
+        return Shape(max(1, 32768 // seqlen), seqlen, seqlen, heads, heads)
+
+    def dec(batch: int, cache: int) -> Shape:
+        return Shape(batch, 1, cache, 32, 8)
+
+    shapes = {
+        "s<=1k": (train(512), train(1024)),
+        "s<=4k": (train(2048), train(4096)),
+        "s>4k": (train(8192), train(16384)),
+        "cache<=8k": (dec(1, 8192), dec(32, 4096), dec(128, 2048)),
+        "cache>8k": (dec(1, 65536), dec(8, 32768), dec(32, 16384)),
+    }
+    return tuple(Bucket(name, limit, shapes[name]) for name, limit in spec.BUCKETS[family.direction])
+
+
+def bucket_for(family_buckets: tuple[Bucket, ...], seqlen_k: int) -> Bucket:
+    """The bucket that serves calls with this key length."""
+    for b in family_buckets:
+        if b.max_seqlen == 0 or seqlen_k <= b.max_seqlen:
+            return b
+    return family_buckets[-1]
+
+
+def axes(family: Family) -> dict[str, tuple]:
+    """The template's tunable axes for this family."""
+    return dict(spec_bwd.BWD_CONFIG_SPACE if family.direction == "bwd" else spec.CONFIG_SPACE)
+
+
+def make_config(family: Family, params: dict) -> spec.FwdConfig | spec_bwd.BwdConfig:
+    return spec_bwd.BwdConfig(**params) if family.direction == "bwd" else spec.FwdConfig(**params)
+
+
+def infeasible(family: Family, cfg) -> str | None:
+    """The static model's verdict (shared memory, registers, divisibility) before anything compiles."""
+    if family.direction == "bwd":
+        return spec_bwd.bwd_infeasible_reason(family.key, cfg)
+    return spec.infeasible_reason(family.key, cfg)
+
+
+def default_config(family: Family):
+    key = family.key
+    return spec_bwd.default_bwd_config(key) if family.direction == "bwd" else spec.default_config(key)
+
+
+def feasible_configs(family: Family) -> Iterator:
+    """Every point of the space that passes the static model."""
+    names = list(axes(family))
+    for values in itertools.product(*axes(family).values()):
+        cfg = make_config(family, dict(zip(names, values)))
+        if infeasible(family, cfg) is None:
+            yield cfg
+
+
+def families(archs, dtypes, head_dims, masks, directions) -> list[Family]:
+    return [Family(d, a, t, h, m) for d, a, t, h, m in itertools.product(directions, archs, dtypes, head_dims, masks)]
+
+
+def space_size(family: Family) -> tuple[int, int]:
+    """(points in the product of the axes, points the static model keeps): what --dry-run prints."""
+    total = 1
+    for values in axes(family).values():
+        total *= len(values)
+    return total, sum(1 for _ in feasible_configs(family))
+
+
+Suggest = Callable[[str, list], object]  # optuna's trial.suggest_categorical(name, choices)
+
+
+def suggest_config(family: Family, suggest: Suggest):
+    """One point of the space, drawn axis by axis through `suggest` (the sampler sees the axes, so TPE can
+    learn from each); the caller rejects it with `infeasible` before compiling."""
+    return make_config(family, {name: suggest(name, list(values)) for name, values in axes(family).items()})

@@ -1,0 +1,111 @@
+"""The search loop: Optuna's ask/tell over one family's space, with candidates compiled in worker processes
+while the main process measures the previous ones on the GPU.
+
+Storage is an Optuna RDB URL: a SQLite file by default (a tune stopped by Ctrl-C or a crash resumes with every
+finished trial kept), or PostgreSQL so several processes, GPUs or hosts share one study. The measuring and
+compiling steps are passed in, so the loop runs (and is tested) without a GPU. Never imports torch.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import optuna
+
+from flash_gen import settings
+from flash_gen.search import space
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def default_storage() -> str:
+    """SQLite next to the kernel cache."""
+    path = Path(settings.cache_dir()) / "tune.sqlite3"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{path}"
+
+
+def open_study(name: str, storage: str | None = None, seed: int | None = None) -> optuna.Study:
+    """Create or resume study `name`. TPE with the constant liar, so trials running in parallel are spread out."""
+    url = storage or default_storage()
+    engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+    rdb = optuna.storages.RDBStorage(url, engine_kwargs=engine)
+    sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True, n_startup_trials=8)
+    return optuna.create_study(study_name=name, storage=rdb, direction="minimize", load_if_exists=True,
+                               sampler=sampler)
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A candidate that never reaches the GPU, with the reason (static model, ptxas spills, compile error)."""
+
+    reason: str
+
+
+def finished(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    return study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+
+
+def best_seen(study: optuna.Study) -> dict[str, float]:
+    """Config name -> milliseconds of every completed trial (repeated suggestions reuse these)."""
+    return {t.user_attrs["config"]: t.value for t in finished(study) if "config" in t.user_attrs}
+
+
+def search(
+    study: optuna.Study,
+    family: space.Family,
+    *,
+    prepare: Callable,  # prepare(family, cfg) -> None | Rejected, in a worker process (compile, read ptxas)
+    measure: Callable,  # measure(cfg) -> milliseconds, or Rejected (wrong results), in this process
+    pool: Executor,
+    workers: int,
+    trials: int,
+    deadline: float | None = None,  # time.monotonic() value after which no new trial starts
+    on_trial: Callable[[optuna.trial.FrozenTrial | None], None] = lambda t: None,
+) -> None:
+    """Run trials until the study holds `trials` completed ones or the deadline passes. Infeasible points are
+    told PRUNED at once; compiled candidates are measured as their compiles finish."""
+    seen = best_seen(study)
+    in_flight: dict[Future, tuple[optuna.trial.Trial, object]] = {}
+
+    def budget_left() -> bool:
+        done = len(finished(study)) + len(in_flight)
+        return done < trials and (deadline is None or time.monotonic() < deadline)
+
+    while True:
+        asked = 0
+        while len(in_flight) < workers and budget_left() and asked < 64 * workers:
+            asked += 1
+            trial = study.ask()
+            cfg = space.suggest_config(family, trial.suggest_categorical)
+            trial.set_user_attr("config", cfg.name)
+            why = space.infeasible(family, cfg)
+            if why is not None:
+                trial.set_user_attr("rejected", why)
+                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                continue
+            if cfg.name in seen:  # measured before: the sampler learns without spending the GPU again
+                trial.set_user_attr("repeat", True)
+                study.tell(trial, seen[cfg.name])
+                on_trial(None)
+                continue
+            in_flight[pool.submit(prepare, family, cfg)] = (trial, cfg)
+        if not in_flight:
+            return
+        done, _ = wait(list(in_flight), return_when=FIRST_COMPLETED)
+        for fut in done:
+            trial, cfg = in_flight.pop(fut)
+            outcome = fut.result()
+            if outcome is None:
+                outcome = measure(cfg)
+            if isinstance(outcome, Rejected):
+                trial.set_user_attr("rejected", outcome.reason)
+                frozen = study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            else:
+                seen[cfg.name] = outcome
+                frozen = study.tell(trial, outcome)
+            on_trial(frozen)

@@ -1,0 +1,169 @@
+"""`flash-gen tune`: for each family and bucket, measure the default config, search the space with Optuna
+(compiles in worker processes, measurements on the GPU), keep the fastest config that is correct and never
+slower than the default, print a summary and write the tuning database (flash_gen/tuned/<arch>.json).
+
+With --devices 0,1,... one worker process per GPU joins the same studies (give --storage a PostgreSQL URL to
+spread them over hosts); the parent collects the results from the studies when they finish.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from datetime import datetime, timezone
+
+from flash_gen.runtime import tuned as database
+from flash_gen.search import space
+from flash_gen.search.study import Rejected, finished, open_study, search
+
+
+def compile_candidate(family: space.Family, cfg) -> Rejected | None:
+    """Worker-process step: compile every kernel the config runs into the kernel cache; ptxas spills reject."""
+    from flash_gen.build import cache
+    from flash_gen.gen.render import entry_name, render_many
+
+    for key in family.kernel_keys:
+        try:
+            _, meta = cache.get_or_compile(render_many([(key, cfg)]), entry_name(key, cfg), key.arch)
+        except Exception as e:  # reported on the trial, never fatal to the tune
+            return Rejected(f"compile: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}")
+        if meta.get("spill_stores") or meta.get("spill_loads"):
+            return Rejected(f"ptxas: {meta.get('spill_stores')} bytes spilled ({key.name})")
+    return None
+
+
+def dry_run(families: list[space.Family]) -> int:
+    for fam in families:
+        total, feasible = space.space_size(fam)
+        print(f"{fam.name}: {total} points, {feasible} pass the static model; buckets "
+              f"{', '.join(b.name for b in space.buckets(fam))}")
+    return 0
+
+
+def study_name(args: argparse.Namespace, fam: space.Family, bucket: space.Bucket) -> str:
+    return f"{args.study}:{fam.name}:{bucket.name}"
+
+
+def run(args: argparse.Namespace) -> int:
+    families = space.families(args.arch, args.dtype, args.hdim, args.mask, args.direction)
+    if args.dry_run:
+        return dry_run(families)
+    if len(args.devices) > 1:
+        return _run_workers(args, families)
+    status = _tune(args, families)
+    if status or args.no_collect:
+        return status
+    return _collect(args, families)
+
+
+def _tune(args: argparse.Namespace, families: list[space.Family]) -> int:
+    """Tune every family on this process's GPU, recording in each study the default's time and the device."""
+    import torch
+    from rich.progress import Progress
+
+    from flash_gen.search.measure import Measurer
+
+    if not torch.cuda.is_available():
+        print("flash-gen tune measures on a GPU (torch.cuda.is_available() is False); --dry-run needs none",
+              file=sys.stderr)
+        return 2
+    gpu, driver = torch.cuda.get_device_name(), _driver_version()
+    workers = args.jobs or os.cpu_count() or 1
+    with ProcessPoolExecutor(max_workers=workers) as pool, Progress(transient=True) as progress:
+        for fam in families:
+            start, fam_buckets = time.monotonic(), space.buckets(fam)
+            for i, bucket in enumerate(fam_buckets):
+                # Bucket i may run until i+1 equal shares of the family's time budget have passed.
+                deadline = start + args.time_budget * 60 * (i + 1) / len(fam_buckets) if args.time_budget else None
+                measure = Measurer(fam, bucket)
+                default = space.default_config(fam)
+                default_ms = measure(default)
+                if isinstance(default_ms, Rejected):
+                    raise RuntimeError(f"{fam.name}: the default config {default.name} fails: {default_ms.reason}")
+                study = open_study(study_name(args, fam, bucket), args.storage, args.seed)
+                study.set_user_attr("default", {"config": default.name, "ms": default_ms})
+                study.set_user_attr("device", {"gpu": gpu, "driver": driver})
+                task = progress.add_task(f"{fam.name} {bucket.name}", total=args.trials)
+
+                def on_trial(_trial, study=study, task=task, label=f"{fam.name} {bucket.name}") -> None:
+                    done = finished(study)
+                    best = min((t.value for t in done), default=float("nan"))
+                    progress.update(task, completed=len(done), description=f"{label} best {best:.3f} ms")
+
+                search(study, fam, prepare=compile_candidate, measure=measure, pool=pool, workers=workers,
+                       trials=args.trials, deadline=deadline, on_trial=on_trial)
+    return 0
+
+
+def _run_workers(args: argparse.Namespace, families: list[space.Family]) -> int:
+    """One `flash-gen tune` process per GPU on the same studies, then one collection."""
+    argv = [a for a in sys.argv[1:]]
+    procs = []
+    for dev in args.devices:
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(dev))
+        cmd = [sys.executable, "-m", "flash_gen.cli", *_replace_devices(argv, "0"), "--no-collect"]
+        procs.append(subprocess.Popen(cmd, env=env))
+    status = max(p.wait() for p in procs)
+    return status or _collect(args, families)
+
+
+def _replace_devices(argv: list[str], devices: str) -> list[str]:
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a == "--devices":
+            skip = True
+            continue
+        if not a.startswith("--devices="):
+            out.append(a)
+    return [*out, "--devices", devices]
+
+
+def _collect(args: argparse.Namespace, families: list[space.Family]) -> int:
+    """Best config per family and bucket from the studies (the default when nothing beat it), into the database
+    and a summary table."""
+    from rich.console import Console
+    from rich.table import Table
+
+    arch = families[0].arch if families else args.arch[0]
+    db = database.load(arch, args.database)
+    table = Table(title="flash-gen tune: best per family and bucket")
+    for col in ("family", "bucket", "best", "ms", "default", "default ms", "speedup", "trials"):
+        table.add_column(col, justify="right" if "ms" in col or col in ("speedup", "trials") else "left")
+    for fam in families:
+        for bucket in space.buckets(fam):
+            study = open_study(study_name(args, fam, bucket), args.storage, args.seed)
+            default, device = study.user_attrs.get("default"), study.user_attrs.get("device", {})
+            if default is None:
+                continue  # never tuned
+            done = finished(study)
+            best_name, best_ms = default["config"], default["ms"]
+            if done:
+                top = min(done, key=lambda t: t.value)
+                if top.value < best_ms:  # never keep a config slower than the default
+                    best_name, best_ms = top.user_attrs["config"], top.value
+            entry = database.Entry(config=best_name, ms=best_ms, default_config=default["config"],
+                                   default_ms=default["ms"], gpu=device.get("gpu", "?"),
+                                   driver=device.get("driver", "?"),
+                                   date=datetime.now(timezone.utc).isoformat(timespec="seconds"), trials=len(done))
+            db.record(fam.key.name, bucket.name, entry)
+            table.add_row(fam.name, bucket.name, entry.config, f"{entry.ms:.3f}", entry.default_config,
+                          f"{entry.default_ms:.3f}", f"{entry.speedup:.3f}", str(entry.trials))
+    path = db.save(args.database)
+    Console(width=None if sys.stdout.isatty() else 160).print(table)
+    print(f"wrote {path}")
+    return 0
+
+
+def _driver_version() -> str:
+    """The CUDA driver API version (e.g. 13.0)."""
+    from cuda.bindings import driver as cu
+
+    err, version = cu.cuDriverGetVersion()
+    return f"CUDA {version // 1000}.{version % 1000 // 10}" if int(err) == 0 else "unknown"

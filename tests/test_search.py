@@ -1,0 +1,123 @@
+"""CPU tests of the autotuner: space declaration and pruning, buckets, the tuning database, and the Optuna
+search loop with a stand-in objective (resume after a killed process on SQLite; two workers sharing one study on
+a real PostgreSQL server). No GPU: the GPU end-to-end tune is in tests/test_tune_gpu.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+
+from flash_gen import spec, spec_bwd
+from flash_gen.runtime import tuned as database
+from flash_gen.search import space
+from flash_gen.search.study import open_study
+
+WORKER = Path(__file__).with_name("tune_worker.py")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_space_is_the_templates_declaration():
+    fwd = space.Family("fwd", "sm90", "bf16", 128, "causal")
+    bwd = space.Family("bwd", "sm90", "bf16", 128, "causal")
+    assert space.axes(fwd) == spec.CONFIG_SPACE and space.axes(bwd) == spec_bwd.BWD_CONFIG_SPACE
+    for fam in (fwd, bwd, space.Family("decode", "sm90", "bf16", 128, "none")):
+        configs = list(space.feasible_configs(fam))
+        total, kept = space.space_size(fam)
+        assert 0 < kept == len(configs) < total  # the static model prunes, and keeps some
+        assert all(space.infeasible(fam, c) is None for c in configs)
+        assert space.default_config(fam) in configs
+
+
+def test_static_model_rejects_before_compiling():
+    fam = space.Family("fwd", "sm90", "bf16", 256, "none")
+    too_big = spec.FwdConfig(128, 128, 8, 2)  # 256 KiB of shared memory
+    assert "shared memory" in space.infeasible(fam, too_big)
+    regs = spec.FwdConfig(128, 128, 4, 1)  # accumulators alone exceed the register budget
+    assert "registers" in space.infeasible(space.Family("fwd", "sm90", "bf16", 128, "none"), regs)
+
+
+def test_suggest_draws_every_axis():
+    fam = space.Family("bwd", "sm90", "fp16", 64, "none")
+    drawn = []
+    cfg = space.suggest_config(fam, lambda name, choices: drawn.append(name) or choices[-1])
+    assert drawn == list(spec_bwd.BWD_CONFIG_SPACE) and isinstance(cfg, spec_bwd.BwdConfig)
+
+
+def test_buckets_cover_every_length():
+    fam = space.Family("fwd", "sm90", "bf16", 128, "none")
+    b = space.buckets(fam)
+    assert [space.bucket_for(b, s).name for s in (100, 1024, 1025, 4096, 10**6)] == [
+        "s<=1k", "s<=1k", "s<=4k", "s<=4k", "s>4k"]
+    assert all(shape.nheads == 16 and shape.batch * shape.seqlen_q == 32768 for x in b for shape in x.shapes)
+    dec = space.Family("decode", "sm90", "bf16", 128, "none")
+    assert dec.kernel_keys[1].split and dec.key.pack_gqa and dec.key.kv == "cache"
+
+
+def test_database_round_trip(tmp_path):
+    db = database.TunedDb("sm90")
+    entry = database.Entry("m128n64w4s1_vlate", 1.5, "m128n64w4s1", 1.8, "NVIDIA H200", "CUDA 13.0",
+                           "2026-11-29T23:00:00+00:00", 25)
+    db.record("fwd_sm90_bf16_hd128_causal", "s<=4k", entry)
+    path = db.save(tmp_path / "sm90.json")
+    again = database.load("sm90", path)
+    assert again.lookup("fwd_sm90_bf16_hd128_causal", "s<=4k") == entry
+    assert abs(entry.speedup - 1.2) < 1e-9 and '"speedup": 1.2' in path.read_text()
+    assert again.to_json() == path.read_text()  # stable: saving again gives the same bytes
+    with pytest.raises(ValueError, match="tuning database for sm80"):
+        database.load("sm80", path)
+
+
+def _run_worker(storage: str, study: str, trials: int, seconds: float) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    return subprocess.Popen([sys.executable, str(WORKER), storage, study, str(trials), str(seconds)], env=env)
+
+
+def _complete(storage: str, study: str) -> list[optuna.trial.FrozenTrial]:
+    try:
+        s = optuna.load_study(study_name=study, storage=storage)
+    except KeyError:  # not created yet
+        return []
+    return s.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+
+
+def test_study_resumes_after_a_killed_process(tmp_path):
+    storage = f"sqlite:///{tmp_path / 'tune.sqlite3'}"
+    open_study("resume", storage)  # the schema exists before anyone polls it
+    worker = _run_worker(storage, "resume", 24, 0.3)
+    deadline = time.monotonic() + 120
+    while len(_complete(storage, "resume")) < 6 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    worker.kill()
+    worker.wait()
+    before = {t.number: t.value for t in _complete(storage, "resume")}
+    assert 6 <= len(before) < 24
+    assert _run_worker(storage, "resume", 24, 0.0).wait(timeout=300) == 0
+    after = {t.number: t.value for t in _complete(storage, "resume")}
+    assert len(after) >= 24
+    assert all(after[n] == v for n, v in before.items())  # no finished trial lost or changed
+
+
+@pytest.fixture(scope="module")
+def postgres_url(tmp_path_factory):
+    pgserver = pytest.importorskip("pgserver")
+    pytest.importorskip("psycopg2")
+    server = pgserver.get_server(tmp_path_factory.mktemp("pgdata"), cleanup_mode="stop")
+    yield server.get_uri().replace("postgresql://", "postgresql+psycopg2://", 1)
+    server.cleanup()
+
+
+def test_two_workers_share_one_postgresql_study(postgres_url):
+    open_study("shared", postgres_url)  # created once, so the workers only load it
+    workers = [_run_worker(postgres_url, "shared", 20, 0.05) for _ in range(2)]
+    assert [w.wait(timeout=300) for w in workers] == [0, 0]
+    study = optuna.load_study(study_name="shared", storage=postgres_url)
+    trials = study.get_trials()
+    assert len({t.number for t in trials}) == len(trials)  # each trial once
+    assert not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]  # every trial told
+    assert 20 <= len(_complete(postgres_url, "shared")) <= 20 + 2 * 2  # the in-flight ones of each worker
