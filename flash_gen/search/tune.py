@@ -146,7 +146,8 @@ def _collect(args: argparse.Namespace, families: list[space.Family]) -> int:
             best_name, best_ms = default["config"], default["ms"]
             if done:
                 top = min(done, key=lambda t: t.value)
-                if top.value < best_ms:  # never keep a config slower than the default
+                # Never keep a config slower than the default; the default re-measured is not a speedup.
+                if top.value < best_ms and top.user_attrs["config"] != best_name:
                     best_name, best_ms = top.user_attrs["config"], top.value
             entry = database.Entry(config=best_name, ms=best_ms, default_config=default["config"],
                                    default_ms=default["ms"], gpu=device.get("gpu", "?"),
