@@ -98,6 +98,18 @@ def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvca
             out.update((default("bf16", 128, mask, varlen=True), default_bwd("bf16", 128, mask, varlen=True)))
             out.update(default("bf16", 128, mask, kv=kv, split=split, pack=True) for kv in ("cache", "paged")
                        for split in (False, True))  # benchmarks/bench_decode.py (GQA 32/8)
+    # Tilings the shipped tuning database picks for keys the suites use (the runtime prefers them).
+    from flash_gen.runtime.tuned import shipped
+    from flash_gen.spec import key_from_name
+    from flash_gen.spec_bwd import bwd_config_from_name
+
+    used = {key.name for key, _ in out}
+    for name, buckets in shipped(arch).entries.items():
+        if name in used and name.startswith("fwd"):
+            out.update((key_from_name(name), config_from_name(e.config)) for e in buckets.values())
+        elif name in used:
+            bwd = next(k for k, _ in out if k.name == name)
+            out.update((bwd, bwd_config_from_name(e.config)) for e in buckets.values())
     return out
 
 
