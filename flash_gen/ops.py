@@ -209,7 +209,6 @@ def _(q, k_cache, v_cache, cu_seqlens_q, *args):
     return _fake_outputs(q, cu_seqlens_q)
 
 
-
 @torch.library.custom_op("flash_gen::fwd_kvcache", mutates_args=("k_cache", "v_cache"))
 def fwd_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor], v: Optional[Tensor],
                 rotary_cos: Optional[Tensor], rotary_sin: Optional[Tensor], cache_seqlens: Optional[Tensor],
@@ -222,24 +221,19 @@ def fwd_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor]
     checked = validate_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, seqlens, cache_batch_idx,
                                cache_leftpad, block_table, softmax_scale=softmax_scale, causal=causal,
                                window_size=(window_left, window_right), softcap=softcap,
-                               alibi_slopes=alibi_slopes, num_splits=num_splits)
+                               alibi_slopes=alibi_slopes, num_splits=num_splits,
+                               rotary_interleaved=rotary_interleaved)
     from flash_gen.runtime import kvcache
     from flash_gen.runtime.fwd import KvCache, attention_fwd_kvcache
 
     args = checked.attn
-    start = seqlens if isinstance(seqlens, Tensor) else None
-    if start is None and seqlens is not None and (checked.new_rows or checked.rotary):
-        start = torch.full((args.batch,), seqlens, dtype=torch.int32, device=q.device)
-    if checked.rotary:
-        # New keys sit at rows start + i; queries at start + i too under a causal/local mask, else all at start.
-        q_pos = kvcache.positions(start, q.shape[1]) if args.mask != "none" else start.long()[:, None].expand(
-            -1, q.shape[1])
-        q = kvcache.apply_rotary(q, rotary_cos, rotary_sin, q_pos, rotary_interleaved)
-        if k is not None:
-            k = kvcache.apply_rotary(k, rotary_cos, rotary_sin, kvcache.positions(start, k.shape[1]),
-                                     rotary_interleaved)
-    if k is not None:
-        kvcache.append_kv(k_cache, v_cache, k, v, kvcache.positions(start, k.shape[1]), cache_batch_idx, block_table)
+    if k is not None or checked.rotary:
+        # New keys sit at rows cache_seqlens[b] + i; queries there too under a causal/local mask, else all at
+        # cache_seqlens[b] (flash_attn's convention).
+        q = kvcache.append_and_rotate(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
+                                      seqlens if isinstance(seqlens, Tensor) else None,
+                                      seqlens if isinstance(seqlens, int) else 0, cache_batch_idx, block_table,
+                                      interleaved=rotary_interleaved, q_same_pos=args.mask == "none")
     used = None if isinstance(seqlens, Tensor) or seqlens is None else seqlens + checked.new_rows
     seqused = None
     if isinstance(seqlens, Tensor):

@@ -275,6 +275,7 @@ def check_kvcache(
     softcap: float,
     alibi_slopes: torch.Tensor | None,
     num_splits: int,
+    rotary_interleaved: bool = True,
 ) -> KvCacheArgs:
     """flash_attn_with_kvcache's contract (shapes, dtypes, layouts, devices, and under FLASH_GEN_DEBUG=1 the
     index values). Raises TypeError / ValueError / NotImplementedError naming the argument."""
@@ -352,6 +353,9 @@ def check_kvcache(
             if t.dim() != 2 or not t.is_floating_point() or 2 * t.shape[1] > head_dim or t.shape[1] < 1:
                 raise ValueError(f"{name}: expected a float (seqlen_ro, rotary_dim / 2) tensor with rotary_dim <= "
                                  f"head_dim={head_dim}, got {tuple(t.shape)} {t.dtype}")
+        if not rotary_interleaved and rotary_cos.shape[1] % 8:
+            raise ValueError(f"rotary_cos: non-interleaved (GPT-NeoX) rotary needs rotary_dim a multiple of 16, "
+                             f"got {2 * rotary_cos.shape[1]}")
         if rotary_sin.shape != rotary_cos.shape:
             raise ValueError(f"rotary_sin: shape {tuple(rotary_sin.shape)} differs from rotary_cos's "
                              f"{tuple(rotary_cos.shape)}")

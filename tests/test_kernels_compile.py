@@ -135,20 +135,21 @@ def test_cli_compile_writes_report_and_files(compiled, tmp_path, monkeypatch, ca
         assert (tmp_path / f"{entry}{suffix}").stat().st_size > 0
 
 
-@pytest.mark.parametrize("direction", ["fwd", "bwd"])
-def test_params_struct_layout_matches_kernel(direction: str):
-    """runtime.{fwd,bwd}.{Fwd,Bwd}Params (ctypes) and flash_gen::{Fwd,Bwd}Params (C++) agree on every field offset
-    and the size. NVRTC has no constant offsetof, so one probe kernel per field reads it, and the PTX names the
-    offset of that parameter load."""
+@pytest.mark.parametrize("module,struct,header", [("fwd", "FwdParams", "fwd_params.cuh"),
+                                                   ("bwd", "BwdParams", "bwd_params.cuh"),
+                                                   ("kvcache", "AppendParams", "kv_append.cuh")])
+def test_params_struct_layout_matches_kernel(module: str, struct: str, header: str):
+    """Each ctypes mirror in flash_gen.runtime and its C++ struct agree on every field offset and the size. NVRTC
+    has no constant offsetof, so one probe kernel per field reads it, and the PTX names the offset of that
+    parameter load."""
     import ctypes
     import importlib
 
     from flash_gen.build.nvrtc import compile_many
 
-    struct = f"{direction.capitalize()}Params"
-    params = getattr(importlib.import_module(f"flash_gen.runtime.{direction}"), struct)
+    params = getattr(importlib.import_module(f"flash_gen.runtime.{module}"), struct)
     names = [name for name, _ in params._fields_]
-    source = f'#include "flash_gen/{direction}_params.cuh"\n' + "".join(
+    source = f'#include "flash_gen/{header}"\n' + "".join(
         f'extern "C" __global__ void fg_probe_{n}(const __grid_constant__ flash_gen::{struct} p, '
         f"unsigned long long* out) {{ *out = (unsigned long long)(p.{n}); }}\n"
         for n in names
@@ -162,13 +163,15 @@ def test_params_struct_layout_matches_kernel(direction: str):
         assert int(load[1] or 0) == getattr(params, n).offset, f"{n}: C++ offset {load[1]} != ctypes"
 
 
+@pytest.mark.parametrize("kernel", ["combine", "append"])
 @pytest.mark.parametrize("arch,dtype", [("sm80", "fp16"), ("sm90", "bf16"), ("sm100", "bf16")])
-def test_split_kv_combine_kernel_compiles(arch: str, dtype: str):
-    """The head-dim-generic split-KV combine: no CuTe, so seconds to compile."""
+def test_kv_cache_helper_kernels_compile(kernel: str, arch: str, dtype: str):
+    """The head-dim-generic split-KV combine and KV-cache append + rotary: no CuTe, so seconds to compile."""
     from flash_gen.build.nvrtc import compile_many
-    from flash_gen.gen.render import combine_entry, render_combine
+    from flash_gen.gen import render
 
-    (result,) = compile_many(render_combine(arch, dtype), [combine_entry(arch, dtype)], arch)
+    source = getattr(render, f"render_{kernel}")(arch, dtype)
+    (result,) = compile_many(source, [getattr(render, f"{kernel}_entry")(arch, dtype)], arch)
     assert f".entry {result.entry}" in result.ptx and not result.spills
 
 

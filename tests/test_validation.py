@@ -303,9 +303,10 @@ def kvcache_args(**change):
     args = dict(q=q, k_cache=cache, v_cache=cache.clone(), k=None, v=None, rotary_cos=None, rotary_sin=None,
                 cache_seqlens=torch.tensor([5, 9], dtype=torch.int32), cache_batch_idx=None, cache_leftpad=None,
                 block_table=None)
+    interleaved = change.pop("rotary_interleaved", True)
     args.update(change)
     attn = dict(softmax_scale=None, causal=True, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, num_splits=0)
-    return check_kvcache(*args.values(), **attn)
+    return check_kvcache(*args.values(), **attn, rotary_interleaved=interleaved)
 
 
 def test_kvcache_accepts_contiguous_and_paged_caches():
@@ -332,6 +333,8 @@ def test_kvcache_accepts_contiguous_and_paged_caches():
         (dict(cache_seqlens=torch.tensor([1, 2])), TypeError, "^cache_seqlens: dtype"),
         (dict(cache_leftpad=torch.zeros(3, dtype=torch.int32)), ValueError, "^cache_leftpad: batch"),
         (dict(rotary_cos=torch.rand(80, D)), ValueError, "^rotary_cos"),
+        (dict(rotary_cos=torch.rand(80, 4), rotary_sin=torch.rand(80, 4), rotary_interleaved=False), ValueError,
+         "^rotary_cos: non-interleaved"),
         (dict(k_cache=torch.randn(3, 64, HK, D, dtype=torch.float16)), TypeError, "^k_cache: dtype"),
         (dict(v_cache=torch.randn(3, 32, HK, D, dtype=torch.bfloat16)), ValueError, "^v_cache: seqlen"),
     ],

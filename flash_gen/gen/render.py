@@ -111,6 +111,16 @@ def render_combine(arch: str, dtype: str) -> str:
     return _env().get_template("fwd_combine.cu.j2").render(prefix=combine_entry(arch, dtype), bf16=dtype == "bf16")
 
 
+def append_entry(arch: str, dtype: str) -> str:
+    """Entry name of the head-dim-generic KV-cache append + rotary kernel for one arch and dtype."""
+    return f"flash_gen_kv_append_{arch}_{dtype}"
+
+
+def render_append(arch: str, dtype: str) -> str:
+    """The KV-cache append + rotary kernel for `dtype` (no CuTe: it compiles in seconds)."""
+    return _env().get_template("kv_append.cu.j2").render(prefix=append_entry(arch, dtype), bf16=dtype == "bf16")
+
+
 def render_many(variants: Sequence[tuple[FwdKey, FwdConfig]] | Sequence[tuple[BwdKey, BwdConfig]]) -> str:
     """One translation unit for variants of one direction (all forward or all backward keys)."""
     return render_bwd_many(variants) if isinstance(variants[0][0], BwdKey) else render_fwd_many(variants)

@@ -1,48 +1,97 @@
-"""Host-side steps of flash_attn_with_kvcache around the attention kernel: rotary embedding of q and the new
-keys, and appending the new keys and values to the cache in place. Both are PyTorch tensor ops on the current
-stream (indices computed on the device, so no host sync: decoding steps stay capturable in CUDA graphs).
-Positions and pages are clamped to the tensors, so bad cache_seqlens or block_table values give wrong rows,
-never an access outside them (FLASH_GEN_DEBUG=1 checks the values on the host first).
+"""flash_attn_with_kvcache's steps before attention, as one generated kernel (templates/kv_append.cu.j2): the new
+keys (rotated when cos/sin are given) and values written into the cache in place at rows cache_seqlens[b] + i
+(through the block table when paged), and q rotated into a new tensor. One launch on the current stream, no host
+sync (decoding steps stay capturable in CUDA graphs). Positions, entries and pages are clamped in the kernel, so
+bad index values give wrong rows, never an access outside the tensors (FLASH_GEN_DEBUG=1 checks them first).
 """
 
 from __future__ import annotations
 
+import ctypes
+
 import torch
 
+from flash_gen.gen.render import append_entry, render_append
+from flash_gen.runtime import driver, loader
+from flash_gen.runtime.score_params import DTYPES
 
-def positions(start: torch.Tensor, count: int) -> torch.Tensor:
-    """(batch, count) int64 positions start[b] + i."""
-    return start.long()[:, None] + torch.arange(count, device=start.device)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor,
-                 interleaved: bool) -> torch.Tensor:
-    """x (b, s, h, d) with its first 2 * cos.shape[1] dims rotated by the angles at positions pos (b, s):
-    pairs (x[2i], x[2i+1]) when interleaved (GPT-J), else (x[i], x[i + rotary_dim/2]) (GPT-NeoX). fp32 math."""
-    half = cos.shape[1]
-    pos = pos.clamp(0, cos.shape[0] - 1)
-    c, s = cos[pos].float()[:, :, None], sin[pos].float()[:, :, None]  # (b, s, 1, half)
-    rot = x[..., : 2 * half].float()
-    if interleaved:
-        x1, x2 = rot[..., 0::2], rot[..., 1::2]
-        out = torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).flatten(-2)
-    else:
-        x1, x2 = rot[..., :half], rot[..., half:]
-        out = torch.cat((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1)
-    return torch.cat((out.to(x.dtype), x[..., 2 * half :]), dim=-1)
+_THREADS, _ROWS = 128, 4  # kAppendThreads, kAppendRows in templates/include/flash_gen/kv_append.cuh
 
 
-def append_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
-              batch_idx: torch.Tensor | None, block_table: torch.Tensor | None) -> None:
-    """Write k, v (b, s_new, hk, d) into the caches at rows pos (b, s_new) of each entry: cache entry
-    batch_idx[b] (or b) of a contiguous cache, or the pages block_table[b] lists."""
-    if block_table is None:
-        entries = batch_idx.long() if batch_idx is not None else torch.arange(k.shape[0], device=k.device)
-        index = (entries.clamp(0, k_cache.shape[0] - 1)[:, None], pos.clamp(0, k_cache.shape[1] - 1))
-    else:
-        page_size = k_cache.shape[1]
-        column = (pos // page_size).clamp(0, block_table.shape[1] - 1)
-        pages = block_table.long().gather(1, column).clamp(0, k_cache.shape[0] - 1)
-        index = (pages, pos % page_size)
-    k_cache.index_put_(index, k)
-    v_cache.index_put_(index, v)
+class AppendParams(ctypes.Structure):
+    """Mirror of flash_gen::AppendParams (templates/include/flash_gen/kv_append.cuh): keep the two in step."""
+
+    _fields_ = (
+        [(name, ctypes.c_void_p) for name in ("q", "q_out", "k_new", "v_new", "k_cache", "v_cache", "cos", "sin",
+                                               "cache_seqlens", "batch_idx", "block_table")]
+        + [(f"{t}_{s}_stride", ctypes.c_int64) for t in ("q", "qo", "kn", "vn", "kc", "vc")
+           for s in ("batch", "row", "head")]
+        + [("block_table_stride", ctypes.c_int64)]
+        + [(name, ctypes.c_int) for name in ("batch", "seqlen_q", "seqlen_new", "nheads", "nheads_k", "head_dim",
+                                             "rotary_half", "seqlen_ro", "seqlen_int", "kv_entries", "rows",
+                                             "capacity", "q_same_pos", "interleaved")]
+    )
+
+
+def _set(p: AppendParams, prefix: str, t: torch.Tensor) -> None:
+    setattr(p, f"{prefix}_batch_stride", t.stride(0))
+    setattr(p, f"{prefix}_row_stride", t.stride(1))
+    setattr(p, f"{prefix}_head_stride", t.stride(2))
+
+
+def append_and_rotate(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor | None,
+    v: torch.Tensor | None,
+    cos: torch.Tensor | None,
+    sin: torch.Tensor | None,
+    cache_seqlens: torch.Tensor | None,
+    seqlen_int: int,
+    batch_idx: torch.Tensor | None,
+    block_table: torch.Tensor | None,
+    *,
+    interleaved: bool,
+    q_same_pos: bool,
+) -> torch.Tensor:
+    """Append k, v (batch, seqlen_new, hk, d) to the cache and return q rotated (or q itself without cos/sin).
+    cos/sin: (seqlen_ro, rotary_dim / 2); new key i of entry b and (unless q_same_pos) query row i sit at position
+    cache_seqlens[b] + i (seqlen_int when cache_seqlens is None)."""
+    rotary = cos is not None
+    if k is None and not rotary:
+        return q
+    batch, seqlen_q, nheads, head_dim = q.shape
+    p = AppendParams()
+    q_out = torch.empty_like(q, memory_format=torch.contiguous_format) if rotary else q
+    p.q, p.q_out = q.data_ptr(), q_out.data_ptr()
+    _set(p, "q", q)
+    _set(p, "qo", q_out)
+    if rotary:
+        cos, sin = cos.float().contiguous(), sin.float().contiguous()  # no copy when already fp32 and dense
+        p.cos, p.sin, p.rotary_half, p.seqlen_ro = cos.data_ptr(), sin.data_ptr(), cos.shape[1], cos.shape[0]
+    if k is not None:
+        p.k_new, p.v_new = k.data_ptr(), v.data_ptr()
+        _set(p, "kn", k)
+        _set(p, "vn", v)
+    p.k_cache, p.v_cache = k_cache.data_ptr(), v_cache.data_ptr()
+    _set(p, "kc", k_cache)
+    _set(p, "vc", v_cache)
+    for name, t in (("cache_seqlens", cache_seqlens), ("batch_idx", batch_idx), ("block_table", block_table)):
+        if t is not None:
+            setattr(p, name, t.data_ptr())
+    p.block_table_stride = block_table.stride(0) if block_table is not None else 0
+    seqlen_new = k.shape[1] if k is not None else 0
+    p.batch, p.seqlen_q, p.seqlen_new, p.nheads, p.head_dim = batch, seqlen_q, seqlen_new, nheads, head_dim
+    p.nheads_k = k_cache.shape[2]
+    p.seqlen_int, p.kv_entries, p.rows = max(seqlen_int, 0), k_cache.shape[0], k_cache.shape[1]
+    p.capacity = block_table.shape[1] * k_cache.shape[1] if block_table is not None else k_cache.shape[1]
+    p.q_same_pos, p.interleaved = int(q_same_pos), int(interleaved)
+
+    items = batch * seqlen_new * p.nheads_k + (batch * seqlen_q * nheads if rotary else 0)
+    device = q.device.index
+    arch, dtype = driver.device_arch(device), DTYPES[q.dtype]
+    kernel = loader.get_kernel(lambda: render_append(arch, dtype), append_entry(arch, dtype), arch, 0, device)
+    stream = torch.cuda.current_stream(q.device).cuda_stream
+    kernel.launch((-(-items // _ROWS), 1, 1), (_THREADS, 1, 1), 0, stream, p)
+    return q_out
