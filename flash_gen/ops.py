@@ -228,12 +228,13 @@ def fwd_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor]
 
     args = checked.attn
     if k is not None or checked.rotary:
-        # New keys sit at rows cache_seqlens[b] + i; queries there too under a causal/local mask, else all at
-        # cache_seqlens[b] (flash_attn's convention).
+        # New keys sit at rows cache_seqlens[b] + i; queries there too when the call asks for a causal or local
+        # mask, else all at cache_seqlens[b] (flash_attn's convention, decided on the arguments as given).
+        masked = causal or window_left >= 0 or window_right >= 0
         q = kvcache.append_and_rotate(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
                                       seqlens if isinstance(seqlens, Tensor) else None,
                                       seqlens if isinstance(seqlens, int) else 0, cache_batch_idx, block_table,
-                                      interleaved=rotary_interleaved, q_same_pos=args.mask == "none")
+                                      interleaved=rotary_interleaved, q_same_pos=not masked)
     used = None if isinstance(seqlens, Tensor) or seqlens is None else seqlens + checked.new_rows
     seqused = None
     if isinstance(seqlens, Tensor):

@@ -13,7 +13,6 @@ import torch
 
 from flash_gen.gen.render import bwd_aux_prefix, entry_name, render_bwd, render_bwd_aux
 from flash_gen.runtime import driver, loader
-from flash_gen.runtime.tuned import tuned_config
 from flash_gen.runtime.score_params import (
     DTYPES,
     check_grid,
@@ -22,6 +21,7 @@ from flash_gen.runtime.score_params import (
     set_strides,
     varlen_tiles,
 )
+from flash_gen.runtime.tuned import tuned_config
 from flash_gen.spec import bucket_name
 from flash_gen.spec_bwd import (
     BwdConfig,

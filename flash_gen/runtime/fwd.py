@@ -15,7 +15,6 @@ import torch
 from flash_gen import settings
 from flash_gen.gen.render import combine_entry, entry_name, render_combine, render_fwd
 from flash_gen.runtime import driver, loader
-from flash_gen.runtime.tuned import tuned_config
 from flash_gen.runtime.score_params import (
     DTYPES,
     check_grid,
@@ -24,6 +23,7 @@ from flash_gen.runtime.score_params import (
     set_strides,
     varlen_tiles,
 )
+from flash_gen.runtime.tuned import tuned_config
 from flash_gen.spec import (
     FwdConfig,
     FwdKey,
