@@ -14,11 +14,11 @@ import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from flash_gen import spec, spec_bwd
+from flash_gen.build.batches import Compiled, compile_batch, plan_batches  # noqa: F401  (re-exported)
 
 
 def _csv(cast: Callable[[str], Any], allowed: Sequence[Any]) -> Callable[[str], tuple]:
@@ -32,65 +32,6 @@ def _csv(cast: Callable[[str], Any], allowed: Sequence[Any]) -> Callable[[str], 
         return items
 
     return parse
-
-
-@dataclass
-class Compiled:
-    """One variant's compile outcome, sent back from a worker process."""
-
-    key: spec.FwdKey | spec_bwd.BwdKey
-    cfg: spec.FwdConfig | spec_bwd.BwdConfig
-    entry: str
-    source: str | None  # None when rendering failed
-    result: Any | None  # flash_gen.build.nvrtc.CompileResult; None on failure
-    seconds: float
-    error: str | None
-
-    @property
-    def ok(self) -> bool:
-        return self.result is not None and not self.result.spills
-
-
-def compile_batch(variants: Sequence[tuple]) -> list[Compiled]:
-    """Render `variants` (all forward or all backward (key, config) pairs) into one translation unit, compile it once, and store each kernel in the kernel cache
-    under its own key (so the runtime finds it). Failures are returned, not raised, so one broken batch never
-    hides the report of the others."""
-    from flash_gen.build import cache
-    from flash_gen.build.nvrtc import compile_many
-    from flash_gen.gen.render import entry_name, render_many
-
-    entries = [entry_name(key, cfg) for key, cfg in variants]
-    arch = variants[0][0].arch
-    start = time.perf_counter()
-    try:
-        sources = [render_many([(key, cfg)]) for key, cfg in variants]
-        start = time.perf_counter()
-        results = compile_many(render_many(variants), entries, arch)
-        seconds = time.perf_counter() - start
-        cache.store_many(list(zip(sources, results)), arch, (), seconds)
-    except Exception as e:  # reported in the table and below it
-        error = f"{type(e).__name__}: {e}"
-        seconds = time.perf_counter() - start
-        return [Compiled(k, c, name, None, None, seconds, error) for (k, c), name in zip(variants, entries)]
-    return [
-        Compiled(key, cfg, name, source, result, seconds, None)
-        for (key, cfg), name, source, result in zip(variants, entries, sources, results)
-    ]
-
-
-def plan_batches(variants: list[tuple], jobs: int) -> list[list]:
-    """Group variants of one direction, arch and head dim into translation units (they share most of CuTe's template
-    instantiations: 24 kernels compile in about 2.5x the time of one), splitting groups until every worker has
-    one, and capping a group at 24 kernels."""
-    groups: dict[tuple, list] = {}
-    for key, cfg in variants:
-        groups.setdefault((type(key), key.arch, key.head_dim), []).append((key, cfg))
-    batches = [g[i : i + 24] for g in groups.values() for i in range(0, len(g), 24)]
-    while len(batches) < jobs and any(len(b) > 1 for b in batches):
-        largest = max(batches, key=len)
-        batches.remove(largest)
-        batches += [largest[: len(largest) // 2], largest[len(largest) // 2 :]]
-    return batches
 
 
 def _variants(args: argparse.Namespace) -> list[tuple]:
@@ -190,6 +131,51 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     return tune.run(args)
 
 
+def _cmd_build(args: argparse.Namespace) -> int:
+    from flash_gen.build import make_library
+
+    start = time.perf_counter()
+    compiled, kept = make_library.build(args.arch, args.out, args.jobs)
+    print(f"library {args.out}: {compiled} kernels compiled, {kept} unchanged, in {time.perf_counter() - start:.0f} s"
+          f" (FLASH_GEN_LIBRARY={args.out} makes the loader use it)")
+    return 0
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    """What the libraries (FLASH_GEN_LIBRARY, installed wheels) and the kernel cache hold, per arch."""
+    from flash_gen.build import cache, library
+
+    for arch in args.arch:
+        for lib in library.installed(arch):
+            recs = [r for (a, _), r in lib.records.items() if a == arch]
+            print(f"{arch}: library {lib.root}: {len(recs)} kernels")
+            for r in sorted(recs, key=lambda r: r.entry):
+                print(f"  {r.key or r.entry:58s} {r.config:20s} regs={r.registers} smem={r.smem}")
+    for arch, count in cache.info()["entries"].items():
+        if arch in args.arch:
+            print(f"{arch}: cache {cache.info()['dir']}: {count} kernels")
+    return 0
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    """A kernel key's default and tuned tilings, and what the library holds for it."""
+    from flash_gen import tuned
+    from flash_gen.build import library
+
+    key = spec_bwd.bwd_key_from_name(args.key) if args.key.startswith("bwd") else spec.key_from_name(args.key)
+    default = spec_bwd.default_bwd_config(key) if args.key.startswith("bwd") else spec.default_config(key)
+    smem = _smem(key, default)
+    print(f"{key.name}: default tiling {default.name} ({default.num_threads} threads, {smem} B shared memory)")
+    for bucket, e in sorted(tuned.shipped(key.arch).entries.get(key.name, {}).items()):
+        print(f"  tuned {bucket}: {e.config} {e.ms:.3f} ms vs default {e.default_ms:.3f} ms ({e.speedup:.2f}x) on "
+              f"{e.gpu}, {e.date}")
+    for lib in library.installed(key.arch):
+        for r in lib.records.values():
+            if r.key == key.name:
+                print(f"  library {lib.root}: {r.config} registers={r.registers} smem={r.smem} threads={r.threads}")
+    return 0
+
+
 def _cmd_cache(args: argparse.Namespace) -> int:
     from flash_gen.build import cache
 
@@ -280,6 +266,21 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="print each family's space size and buckets; no GPU")
     p.add_argument("--no-collect", action="store_true", help=argparse.SUPPRESS)  # per-GPU worker processes
     p.set_defaults(func=_cmd_tune)
+
+    p = sub.add_parser("build", help="compile the kernel library (tuned variants + defaults) into a folder; no GPU")
+    p.add_argument("--arch", type=_csv(str, spec.ARCHS), default=spec.ARCHS, help="comma list (default: all)")
+    p.add_argument("--out", type=Path, default=Path("build/flash_gen_library"), help="library folder (default: "
+                   "%(default)s); rebuilt incrementally")
+    p.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1, help="parallel compiles (default: cores)")
+    p.set_defaults(func=_cmd_build)
+
+    p = sub.add_parser("list", help="what the kernel libraries and the cache hold, per arch")
+    p.add_argument("--arch", type=_csv(str, spec.ARCHS), default=spec.ARCHS, help="comma list (default: all)")
+    p.set_defaults(func=_cmd_list)
+
+    p = sub.add_parser("info", help="a kernel key's tilings: default, tuned, and in the library")
+    p.add_argument("key", help="a key name, e.g. fwd_sm90_bf16_hd128_causal or bwd_sm90_bf16_hd64_none")
+    p.set_defaults(func=_cmd_info)
 
     p = sub.add_parser("cache", help="inspect or clear the compiled-kernel cache")
     p.add_argument("action", choices=("info", "clear"))

@@ -10,6 +10,8 @@ Settings:
   FLASH_GEN_VERBOSE    log every compile to stderr
   FLASH_GEN_NO_JIT     never compile: a kernel missing from the cache raises KernelNotAvailable
   FLASH_GEN_LINEINFO   compile with -lineinfo (source lines in ncu/sanitizer reports; cubins about 3x larger)
+  FLASH_GEN_LIBRARY    a prebuilt kernel library folder (`flash-gen build --out DIR`) to load kernels from
+                       before the cache
   FLASH_GEN_FWD_CONFIG force one forward tiling (a FwdConfig name, e.g. m128n64w4s2) where it is feasible:
                        for benchmarking configs by hand
 
@@ -39,6 +41,12 @@ def cache_dir() -> Path:
     """Root of the on-disk kernel cache (FLASH_GEN_CACHE_DIR, default ~/.cache/flash_gen)."""
     raw = os.environ.get("FLASH_GEN_CACHE_DIR", "").strip()
     return Path(raw).expanduser() if raw else Path.home() / ".cache" / "flash_gen"
+
+
+def library_dir() -> Path | None:
+    """FLASH_GEN_LIBRARY: a prebuilt library folder (manifest.json + cubins), or None."""
+    raw = os.environ.get("FLASH_GEN_LIBRARY", "").strip()
+    return Path(raw).expanduser() if raw else None
 
 
 def debug() -> bool:

@@ -11,7 +11,17 @@ import re
 from dataclasses import dataclass
 from typing import Iterator
 
-from flash_gen.spec import ARCHS, DTYPES, HEAD_DIMS, MASKS, MAX_ACCUM_REGS, MAX_SMEM_PER_BLOCK, FwdKey, enumerate_keys
+from flash_gen.spec import (
+    ARCHS,
+    DTYPES,
+    HEAD_DIMS,
+    MASKS,
+    MAX_ACCUM_REGS,
+    MAX_SMEM_PER_BLOCK,
+    FwdKey,
+    enumerate_keys,
+    key_from_name,
+)
 
 
 @dataclass(frozen=True)
@@ -171,3 +181,14 @@ def bwd_config_from_name(name: str) -> BwdConfig:
     if m is None:
         raise ValueError(f"not a backward config name (like m64n128w8a242s2): {name!r}")
     return BwdConfig(*(int(g) for g in m.groups()))
+
+
+def bwd_key_from_name(name: str) -> BwdKey:
+    """Inverse of BwdKey.name, e.g. "bwd_sm90_bf16_hd128_causal_varlen_det"."""
+    if not name.startswith("bwd_"):
+        raise ValueError(f"not a backward kernel key name: {name!r}")
+    deterministic = name.endswith("_det")
+    fwd = key_from_name("fwd" + name[3 : -len("_det")] if deterministic else "fwd" + name[3:])
+    if fwd.kv != "dense" or fwd.split or fwd.pack_gqa:
+        raise ValueError(f"backward keys have no KV-cache features: {name!r}")
+    return BwdKey(fwd.arch, fwd.dtype, fwd.head_dim, fwd.mask, fwd.softcap, fwd.alibi, fwd.varlen, deterministic)

@@ -99,7 +99,7 @@ def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvca
             out.update(default("bf16", 128, mask, kv=kv, split=split, pack=True) for kv in ("cache", "paged")
                        for split in (False, True))  # benchmarks/bench_decode.py (GQA 32/8)
     # Tilings the shipped tuning database picks for keys the suites use (the runtime prefers them).
-    from flash_gen.runtime.tuned import shipped
+    from flash_gen.tuned import shipped
     from flash_gen.spec import key_from_name
     from flash_gen.spec_bwd import bwd_config_from_name
 
@@ -126,7 +126,7 @@ def main() -> int:
     args = parser.parse_args()
     os.environ["FLASH_GEN_CACHE_DIR"] = str(args.out.resolve())  # inherited by the worker processes
 
-    from flash_gen import cli
+    from flash_gen.build import batches
     from flash_gen.build import cache
     from flash_gen.gen.render import entry_name, render_many
 
@@ -141,12 +141,12 @@ def main() -> int:
     cached = [v for v in todo if cache.lookup(render_many([v]), entry_name(*v), args.arch) is not None]
     todo = [v for v in todo if v not in cached]
     print(f"{len(cached)} kernels already in {args.out}", flush=True)
-    batches = cli.plan_batches(todo, args.jobs)
-    print(f"{len(todo)} kernels in {len(batches)} batches -> {args.out}", flush=True)
+    units = batches.plan_batches(todo, args.jobs)
+    print(f"{len(todo)} kernels in {len(units)} batches -> {args.out}", flush=True)
     start = time.perf_counter()
     failed = 0
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        for batch in pool.map(cli.compile_batch, batches):
+        for batch in pool.map(batches.compile_batch, units):
             for c in batch:
                 if c.result is None:
                     failed += 1

@@ -14,7 +14,7 @@ import optuna
 import pytest
 
 from flash_gen import spec, spec_bwd
-from flash_gen.runtime import tuned as database
+from flash_gen import tuned as database
 from flash_gen.search import space
 from flash_gen.search.study import open_study
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from flash_gen import cli
-from flash_gen.runtime import tuned
+from flash_gen import tuned
 from flash_gen.spec import FwdKey, config_from_name, default_config
 
 pytestmark = pytest.mark.gpu

@@ -21,7 +21,6 @@ from flash_gen.runtime.score_params import (
     set_strides,
     varlen_tiles,
 )
-from flash_gen.runtime.tuned import tuned_config
 from flash_gen.spec import bucket_name
 from flash_gen.spec_bwd import (
     BwdConfig,
@@ -31,6 +30,7 @@ from flash_gen.spec_bwd import (
     bwd_smem_bytes,
     default_bwd_config,
 )
+from flash_gen.tuned import tuned_config
 
 _AUX_THREADS, _AUX_ROWS = 128, 32  # kAuxThreads, kAuxRows in templates/include/flash_gen/bwd_aux.cuh
 

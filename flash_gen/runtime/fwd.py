@@ -23,7 +23,6 @@ from flash_gen.runtime.score_params import (
     set_strides,
     varlen_tiles,
 )
-from flash_gen.runtime.tuned import tuned_config
 from flash_gen.spec import (
     FwdConfig,
     FwdKey,
@@ -34,6 +33,7 @@ from flash_gen.spec import (
     infeasible_reason,
     smem_bytes,
 )
+from flash_gen.tuned import tuned_config
 
 
 class FwdParams(ctypes.Structure):

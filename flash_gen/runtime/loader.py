@@ -1,7 +1,8 @@
 """Kernel loading with an in-process memo: (entry, arch, device, options) -> loaded driver.Kernel.
 
-The first request for a kernel renders its source, takes the cubin from the on-disk cache (compiling on a
-miss) and loads it on the device; every later request is one dict lookup, with no rendering or hashing.
+The first request for a kernel renders its source, takes the cubin from a prebuilt library (flash_gen.build.library)
+or else the on-disk cache (compiling on a miss) and loads it on the device; every later request is one dict
+lookup, with no rendering or hashing.
 
 Must not import optuna (nor anything under flash_gen.search): this is on the launch path.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from flash_gen.build import cache
+from flash_gen.build import cache, library
 from flash_gen.runtime import driver
 
 _kernels: dict[tuple, driver.Kernel] = {}
@@ -30,6 +31,9 @@ def get_kernel(
     memo_key = (entry, arch, device, options)
     kernel = _kernels.get(memo_key)
     if kernel is None:
-        cubin, _ = cache.get_or_compile(source_fn(), entry, arch, options)
+        source = source_fn()
+        cubin = library.find(source, entry, arch, options)  # prebuilt first, then the cache, then NVRTC
+        if cubin is None:
+            cubin, _ = cache.get_or_compile(source, entry, arch, options)
         kernel = _kernels[memo_key] = driver.load_kernel(cubin, entry, smem_bytes, device)
     return kernel

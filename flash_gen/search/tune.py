@@ -16,7 +16,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from datetime import datetime, timezone
 
-from flash_gen.runtime import tuned as database
+from flash_gen import tuned as database
 from flash_gen.search import space
 from flash_gen.search.study import Rejected, finished, open_study, search
 

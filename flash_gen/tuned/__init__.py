@@ -14,7 +14,7 @@ from pathlib import Path
 from flash_gen import spec, spec_bwd
 
 FORMAT = 1
-TUNED_DIR = Path(__file__).resolve().parent.parent / "tuned"
+TUNED_DIR = Path(__file__).resolve().parent  # <arch>.json files sit next to this reader
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,108 @@
+"""`flash-gen build`: compile the variants the tuning database names, plus the defaults of a common key set and
+the head-dim-generic helper kernels, into a library folder (flash_gen.build.library) on a machine with or without
+a GPU. Incremental: a variant whose manifest record has the current source key and an intact cubin is kept.
+Must not import torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Callable, Iterator
+
+from flash_gen import spec, spec_bwd, tuned
+from flash_gen.build import cache, nvrtc
+from flash_gen.build.batches import compile_batch, plan_batches
+from flash_gen.build.library import Library, Record
+from flash_gen.gen import render
+
+# Keys every library holds (defaults, plus whatever the tuning database names for them): the head dims of the
+# ANCHORS shapes and common models, both dtypes, every mask, forward and backward; decoding kernels for GQA.
+HEAD_DIMS = (64, 96, 128, 192, 256)
+DECODE_HEAD_DIMS = (64, 128)
+
+
+def plan(arch: str) -> list[tuple]:
+    """(key, config) pairs of the library for `arch`, sorted by entry name."""
+    out: set[tuple] = set()
+    for dtype, hd, mask in itertools.product(spec.DTYPES, HEAD_DIMS, spec.MASKS):
+        fwd, bwd = spec.FwdKey(arch, dtype, hd, mask), spec_bwd.BwdKey(arch, dtype, hd, mask)
+        out |= {(fwd, spec.default_config(fwd)), (bwd, spec_bwd.default_bwd_config(bwd))}
+    for dtype, hd, mask, kv, split in itertools.product(spec.DTYPES, DECODE_HEAD_DIMS, ("none", "causal"),
+                                                        ("cache", "paged"), (False, True)):
+        key = spec.FwdKey(arch, dtype, hd, mask, kv=kv, split=split, pack_gqa=True)
+        out.add((key, spec.default_config(key)))
+    for name, buckets in tuned.shipped(arch).entries.items():
+        for entry in buckets.values():
+            if name.startswith("bwd"):
+                out.add((spec_bwd.bwd_key_from_name(name), spec_bwd.bwd_config_from_name(entry.config)))
+            else:
+                out.add((spec.key_from_name(name), spec.config_from_name(entry.config)))
+    return sorted(out, key=lambda v: render.entry_name(*v))
+
+
+def helpers(arch: str) -> Iterator[tuple[Callable[[], str], list[str]]]:
+    """(source, entry points) of the head-dim-generic kernels: backward pre/post-processing, split-KV combine,
+    KV-cache append."""
+    for dtype in spec.DTYPES:
+        prefix = render.bwd_aux_prefix(arch, dtype)
+        yield (lambda d=dtype: render.render_bwd_aux(arch, d)), [f"{prefix}_preprocess", f"{prefix}_convert_dq"]
+        yield (lambda d=dtype: render.render_combine(arch, d)), [render.combine_entry(arch, dtype)]
+        yield (lambda d=dtype: render.render_append(arch, d)), [render.append_entry(arch, dtype)]
+
+
+def _launch_shape(key, cfg) -> tuple[int, int]:
+    if isinstance(key, spec_bwd.BwdKey):
+        return spec_bwd.bwd_smem_bytes(key, cfg), cfg.num_threads
+    return spec.smem_bytes(key, cfg), cfg.num_threads
+
+
+def _current(lib: Library, arch: str, entry: str, source_key: str) -> bool:
+    rec = lib.records.get((arch, entry))
+    if rec is None or rec.source_key != source_key:
+        return False
+    path = lib.root / rec.cubin
+    return path.exists() and hashlib.sha256(path.read_bytes()).hexdigest() == rec.sha256
+
+
+def build(archs: tuple[str, ...], out: Path, jobs: int, progress: Callable[[str], None] = print) -> tuple[int, int]:
+    """Build or update the library in `out`; returns (kernels compiled, kernels kept)."""
+    lib = Library.open(out) if (out / "manifest.json").exists() else Library(out)
+    compiled = kept = 0
+    for arch in archs:
+        variants = plan(arch)
+        keys = {render.entry_name(k, c): cache.cache_key(render.render_many([(k, c)]), render.entry_name(k, c), arch)
+                for k, c in variants}
+        todo = [v for v in variants if not _current(lib, arch, render.entry_name(*v), keys[render.entry_name(*v)])]
+        kept += len(variants) - len(todo)
+        progress(f"{arch}: {len(variants)} variants, {len(todo)} to compile")
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            for batch in pool.map(compile_batch, plan_batches(todo, jobs)):
+                for c in batch:
+                    if c.result is None:
+                        raise RuntimeError(f"{c.entry}: {c.error}")
+                    smem, threads = _launch_shape(c.key, c.cfg)
+                    _add(lib, arch, c.entry, c.key.name, c.cfg.name, keys[c.entry], c.result, smem, threads)
+                    compiled += 1
+                progress(f"  {batch[0].key.name} ... ({len(batch)} kernels)")
+        for source_fn, entries in helpers(arch):
+            source = source_fn()
+            skeys = {e: cache.cache_key(source, e, arch) for e in entries}
+            if all(_current(lib, arch, e, skeys[e]) for e in entries):
+                kept += len(entries)
+                continue
+            for result in nvrtc.compile_many(source, entries, arch):
+                _add(lib, arch, result.entry, "", "", skeys[result.entry], result, 0, 0)
+                compiled += 1
+        lib.save()  # after each arch: an interrupted build keeps what it finished
+    return compiled, kept
+
+
+def _add(lib: Library, arch: str, entry: str, key: str, config: str, source_key: str, result, smem: int,
+         threads: int) -> None:
+    sha = hashlib.sha256(result.cubin).hexdigest()
+    rec = Record(entry=entry, arch=arch, key=key, config=config, source_key=source_key, cubin=f"{arch}/{sha}.cubin",
+                 sha256=sha, registers=result.registers, smem=smem, threads=threads)
+    lib.add(rec, result.cubin)

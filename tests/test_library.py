@@ -1,0 +1,78 @@
+"""CPU tests of the prebuilt kernel library: what `flash-gen build` plans, the manifest round trip, incremental
+rebuilds, corrupt or foreign entries falling back to the cache/JIT, and the loader's lookup order."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from flash_gen import tuned
+from flash_gen.build import cache, library, make_library
+from flash_gen.gen import render
+from flash_gen.spec import FwdKey, config_from_name, default_config
+
+
+@pytest.fixture
+def helpers_only(monkeypatch):
+    """A library of the bf16 sm90 helper kernels only (they compile in seconds)."""
+    monkeypatch.setattr(make_library, "plan", lambda arch: [])
+    everything = make_library.helpers
+    monkeypatch.setattr(make_library, "helpers",
+                        lambda arch: [h for h in everything(arch) if h[1][0].endswith(("bf16", "bf16_preprocess"))])
+
+
+def test_plan_holds_defaults_and_every_tuned_variant():
+    variants = set(make_library.plan("sm90"))
+    key = FwdKey("sm90", "bf16", 128, "causal")
+    assert (key, default_config(key)) in variants
+    for name, buckets in tuned.shipped("sm90").entries.items():
+        for entry in buckets.values():
+            assert any(k.name == name and c.name == entry.config for k, c in variants), (name, entry.config)
+    assert any(getattr(k, "kv", "") == "paged" and k.split and k.pack_gqa for k, _ in variants)  # decoding
+
+
+def test_build_is_incremental_and_found_by_the_loader(tmp_path, monkeypatch, helpers_only):
+    monkeypatch.setenv("FLASH_GEN_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "lib"
+    compiled, kept = make_library.build(("sm90",), out, jobs=1, progress=lambda _: None)
+    assert compiled == 4 and kept == 0  # preprocess + convert_dq, combine, append (bf16)
+    start = time.perf_counter()
+    assert make_library.build(("sm90",), out, jobs=1, progress=lambda _: None) == (0, 4)
+    assert time.perf_counter() - start < 10
+    lib = library.Library.open(out)
+    assert library.Library.open(out).records == lib.records  # manifest round trip
+
+    monkeypatch.setenv("FLASH_GEN_LIBRARY", str(out))
+    library.installed.cache_clear()
+    source, entry = render.render_combine("sm90", "bf16"), render.combine_entry("sm90", "bf16")
+    assert library.find(source, entry, "sm90") == (out / lib.records[("sm90", entry)].cubin).read_bytes()
+    monkeypatch.setenv("FLASH_GEN_NO_JIT", "1")  # and the cache never had to be asked
+    assert cache.lookup(source, entry, "sm90") is None
+    library.installed.cache_clear()
+
+
+def test_foreign_or_corrupt_entries_fall_back(tmp_path, monkeypatch, helpers_only):
+    monkeypatch.setenv("FLASH_GEN_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "lib"
+    make_library.build(("sm90",), out, jobs=1, progress=lambda _: None)
+    lib = library.Library.open(out)
+    source, entry = render.render_combine("sm90", "bf16"), render.combine_entry("sm90", "bf16")
+    rec = lib.records[("sm90", entry)]
+    with pytest.warns(RuntimeWarning, match="other sources"):
+        assert lib.cubin("sm90", entry, "not-" + rec.source_key) is None
+    (out / rec.cubin).write_bytes(b"truncated")
+    with pytest.warns(RuntimeWarning, match="corrupt library cubin"):
+        assert lib.cubin("sm90", entry, rec.source_key) is None
+    # The next build notices the damage and rebuilds just that file's kernels.
+    assert make_library.build(("sm90",), out, jobs=1, progress=lambda _: None)[0] >= 1
+    assert library.Library.open(out).cubin("sm90", entry, rec.source_key) is not None
+
+
+def test_cli_info_names_default_and_tuned_tilings(capsys):
+    from flash_gen import cli
+
+    assert cli.main(["info", "fwd_sm90_bf16_hd256_causal"]) == 0
+    out = capsys.readouterr().out
+    assert "default tiling m128n64w8s2" in out and "tuned s<=4k: m64n64w4s1" in out
+    assert config_from_name("m64n64w4s1")  # the tuned name parses
