@@ -138,6 +138,9 @@ def _cmd_build(args: argparse.Namespace) -> int:
     compiled, kept = make_library.build(args.arch, args.out, args.jobs)
     print(f"library {args.out}: {compiled} kernels compiled, {kept} unchanged, in {time.perf_counter() - start:.0f} s"
           f" (FLASH_GEN_LIBRARY={args.out} makes the loader use it)")
+    if args.wheel:
+        for arch in args.arch:
+            print(f"wrote {make_library.pack_wheel(args.out, arch, args.out / 'wheels')}")
     return 0
 
 
@@ -272,6 +275,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("build/flash_gen_library"), help="library folder (default: "
                    "%(default)s); rebuilt incrementally")
     p.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1, help="parallel compiles (default: cores)")
+    p.add_argument("--wheel", action="store_true", help="also pack each arch into an installable wheel, "
+                   "flash_gen_kernels_<arch>, under OUT/wheels (the loader finds it once installed)")
     p.set_defaults(func=_cmd_build)
 
     p = sub.add_parser("list", help="what the kernel libraries and the cache hold, per arch")

@@ -76,3 +76,25 @@ def test_cli_info_names_default_and_tuned_tilings(capsys):
     out = capsys.readouterr().out
     assert "default tiling m128n64w8s2" in out and "tuned s<=4k: m64n64w4s1" in out
     assert config_from_name("m64n64w4s1")  # the tuned name parses
+
+
+def test_wheel_installs_and_is_discovered_in_a_fresh_venv(tmp_path, monkeypatch, helpers_only):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    monkeypatch.setenv("FLASH_GEN_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "lib"
+    make_library.build(("sm90",), out, jobs=1, progress=lambda _: None)
+    wheel = make_library.pack_wheel(out, "sm90", tmp_path / "wheels")
+    venv = tmp_path / "venv"  # sees this environment's packages (torch, cuda-bindings), not flash_gen's kernels
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", str(wheel)], check=True)
+    probe = ("from flash_gen.build import library; libs = library.installed('sm90'); "
+             "print(len(libs), sum(len(l.records) for l in libs))")
+    env = {k: v for k, v in os.environ.items() if k != "FLASH_GEN_LIBRARY"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
+    found = subprocess.run([str(python), "-c", probe], check=True, capture_output=True, text=True, env=env).stdout
+    assert found.split() == ["1", "4"]

@@ -106,3 +106,39 @@ def _add(lib: Library, arch: str, entry: str, key: str, config: str, source_key:
     rec = Record(entry=entry, arch=arch, key=key, config=config, source_key=source_key, cubin=f"{arch}/{sha}.cubin",
                  sha256=sha, registers=result.registers, smem=smem, threads=threads)
     lib.add(rec, result.cubin)
+
+
+def pack_wheel(lib_dir: Path, arch: str, out: Path) -> Path:
+    """Pack `arch`'s part of the library in `lib_dir` into an installable wheel `flash_gen_kernels_<arch>` (the
+    loader finds it once installed). Returns the wheel's path."""
+    import shutil
+    import subprocess
+    import sys
+
+    from flash_gen.version import FLASH_GEN_VERSION
+
+    lib = Library.open(lib_dir)
+    package = f"flash_gen_kernels_{arch}"
+    stage = out / f".stage_{package}"
+    shutil.rmtree(stage, ignore_errors=True)
+    pkg_lib = Library(stage / package)
+    for (a, _), rec in lib.records.items():
+        if a == arch:
+            pkg_lib.add(rec, (lib.root / rec.cubin).read_bytes())
+    if not pkg_lib.records:
+        raise ValueError(f"{lib_dir} holds no {arch} kernels")
+    pkg_lib.save()
+    (stage / package / "__init__.py").write_text(
+        f'"""flash_gen kernel library for {arch}, built by `flash-gen build --wheel`: found by flash_gen\'s '
+        'loader when installed."""\n')
+    (stage / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=68"]\nbuild-backend = "setuptools.build_meta"\n\n'
+        f'[project]\nname = "{package.replace("_", "-")}"\nversion = "{FLASH_GEN_VERSION}"\n'
+        f'description = "Prebuilt flash_gen attention kernels for {arch}"\nrequires-python = ">=3.10"\n\n'
+        f'[tool.setuptools]\npackages = ["{package}"]\n\n'
+        f'[tool.setuptools.package-data]\n{package} = ["manifest.json", "{arch}/*.cubin"]\n')
+    out.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out),
+                    str(stage)], check=True)
+    shutil.rmtree(stage, ignore_errors=True)
+    return next(out.glob(f"{package}-{FLASH_GEN_VERSION}-*.whl"))
