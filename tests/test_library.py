@@ -98,3 +98,16 @@ def test_wheel_installs_and_is_discovered_in_a_fresh_venv(tmp_path, monkeypatch,
     env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
     found = subprocess.run([str(python), "-c", probe], check=True, capture_output=True, text=True, env=env).stdout
     assert found.split() == ["1", "4"]
+
+
+def test_dispatch_picks_the_tuned_tiling_per_bucket(monkeypatch):
+    from flash_gen.runtime import fwd
+
+    key = FwdKey("sm90", "bf16", 64, "none")
+    db = tuned.TunedDb("sm90")
+    db.record(key.name, "s<=1k", tuned.Entry("m128n64w4s2_qreg", 1.0, "m128n64w4s1", 1.1, "gpu", "drv", "now", 3))
+    monkeypatch.setattr(tuned, "shipped", lambda arch: db)
+    assert fwd._config(key, "s<=1k") == config_from_name("m128n64w4s2_qreg")
+    assert fwd._config(key, "s>4k") == default_config(key)  # no entry: the default
+    monkeypatch.setenv("FLASH_GEN_FWD_CONFIG", "m64n64w4s1")  # a forced tiling wins
+    assert fwd._config(key, "s<=1k") == config_from_name("m64n64w4s1")
