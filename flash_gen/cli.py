@@ -295,7 +295,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `flash-gen` console script; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
+    args.argv = argv  # `tune --devices` restarts itself once per GPU with the same arguments
     return args.func(args)
 
 

@@ -50,7 +50,7 @@ def finished(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     return study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
 
 
-def best_seen(study: optuna.Study) -> dict[str, float]:
+def measured(study: optuna.Study) -> dict[str, float]:
     """Config name -> milliseconds of every completed trial (repeated suggestions reuse these)."""
     return {t.user_attrs["config"]: t.value for t in finished(study) if "config" in t.user_attrs}
 
@@ -69,7 +69,7 @@ def search(
 ) -> None:
     """Run trials until the study holds `trials` completed ones or the deadline passes. Infeasible points are
     told PRUNED at once; compiled candidates are measured as their compiles finish."""
-    seen = best_seen(study)
+    seen = measured(study)
     in_flight: dict[Future, tuple[optuna.trial.Trial, object]] = {}
 
     def budget_left() -> bool:

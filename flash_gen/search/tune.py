@@ -101,7 +101,7 @@ def _tune(args: argparse.Namespace, families: list[space.Family]) -> int:
 
 def _run_workers(args: argparse.Namespace, families: list[space.Family]) -> int:
     """One `flash-gen tune` process per GPU on the same studies, then one collection."""
-    argv = [a for a in sys.argv[1:]]
+    argv = list(args.argv)
     procs = []
     for dev in args.devices:
         env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(dev))
