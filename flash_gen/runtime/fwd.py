@@ -8,6 +8,7 @@ no host synchronisation. Must not import optuna.
 from __future__ import annotations
 
 import ctypes
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -194,11 +195,10 @@ def attention_fwd_kvcache(
     kv = "paged" if paged and (page_size % 128 or cache.leftpad_k is not None) else "cache"
     device, dtype, mask = q.device.index, DTYPES[q.dtype], mask_kind(causal, window_size)
     feats = (softcap > 0, alibi_slopes is not None, False)
-    key = FwdKey(driver.device_arch(device), dtype, head_dim, mask, *feats, kv, False, pack)
-    cfg = config or _config(key, bucket_name("decode", seqlen_k))
+    cfg, slots = _decode_tiling(device, dtype, head_dim, mask, *feats, kv, pack, bucket_name("decode", seqlen_k),
+                                config)
     tile_heads, rows = (nheads_k, seqlen_q * (nheads // nheads_k)) if pack else (nheads, seqlen_q)
     m_blocks = -(-rows // cfg.block_m)
-    slots = driver.sm_count(device) * ctas_per_sm(key, cfg)
     splits = cache.num_splits or choose_num_splits(batch * tile_heads * m_blocks, -(-seqlen_k // cfg.block_n), slots)
     var = _variant(device, dtype, head_dim, mask, *feats, cfg, kv, splits > 1, pack)
     p, out, lse = _params(q, k_cache, v_cache, None, batch, seqlen_k, causal=causal, window_size=window_size,
@@ -222,6 +222,16 @@ def attention_fwd_kvcache(
     combine = _combine_kernel(device, dtype)
     combine.launch((-(-seqlen_q // _COMBINE_ROWS), nheads, batch), (_COMBINE_THREADS, 1, 1), 0, stream, p)
     return out, lse
+
+
+@functools.lru_cache(maxsize=None)
+def _decode_tiling(device: int, dtype: str, head_dim: int, mask: str, softcap: bool, alibi: bool, varlen: bool,
+                   kv: str, pack: bool, bucket: str, config: FwdConfig | None) -> tuple[FwdConfig, int]:
+    """A KV-cache key's tiling and its resident-CTA slots on the device (the split heuristic's inputs): worked
+    out once per key and bucket, not per decoding step."""
+    key = FwdKey(driver.device_arch(device), dtype, head_dim, mask, softcap, alibi, varlen, kv, False, pack)
+    cfg = config or _config(key, bucket)
+    return cfg, driver.sm_count(device) * ctas_per_sm(key, cfg)
 
 
 _COMBINE_THREADS, _COMBINE_ROWS = 128, 4  # kCombineThreads, kCombineRows in templates/include/flash_gen/fwd_combine.cuh
