@@ -14,6 +14,7 @@ Settings:
                        before the cache
   FLASH_GEN_FWD_CONFIG force one forward tiling (a FwdConfig name, e.g. m128n64w4s2) where it is feasible:
                        for benchmarking configs by hand
+  FLASH_GEN_BWD_CONFIG the same for the backward (a BwdConfig name, e.g. m64n128w8a242s2_dqbulk)
 
 Must not import torch, cuda or anything else in flash_gen.
 """
@@ -72,6 +73,11 @@ def no_jit() -> bool:
 def fwd_config() -> str | None:
     """FLASH_GEN_FWD_CONFIG: a forward config name to use instead of the default, or None."""
     return os.environ.get("FLASH_GEN_FWD_CONFIG", "").strip() or None
+
+
+def bwd_config() -> str | None:
+    """FLASH_GEN_BWD_CONFIG: a backward config name to use where it is feasible, or None."""
+    return os.environ.get("FLASH_GEN_BWD_CONFIG", "").strip() or None
 
 
 def logger() -> logging.Logger:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
 import sys
 import time
@@ -34,7 +35,7 @@ def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvca
     import test_varlen_gpu as tv
 
     from flash_gen.spec import FwdKey, config_from_name, default_config
-    from flash_gen.spec_bwd import BwdKey, default_bwd_config
+    from flash_gen.spec_bwd import BwdKey, bwd_config_from_name, default_bwd_config
     from flash_gen.validate import derive_mask
 
     def default(dtype: str, head_dim: int, mask: str, softcap: bool = False, alibi: bool = False,
@@ -83,6 +84,9 @@ def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvca
         for d in (64, 128):
             out.add(default("bf16", d, "causal"))
             out.update(default_bwd("bf16", d, "causal", deterministic=det) for det in (False, True))
+        for dtype, d, mask, name in tb.TILINGS:  # test_backward_tilings
+            out.add(default(dtype, d, mask))
+            out.add((default_bwd(dtype, d, mask)[0], bwd_config_from_name(name)))
     if "fwd" in suites:
         for head_dim, names in t.CONFIGS.items():
             for name in names:
@@ -101,7 +105,6 @@ def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvca
     # Tilings the shipped tuning database picks for keys the suites use (the runtime prefers them).
     from flash_gen.tuned import shipped
     from flash_gen.spec import key_from_name
-    from flash_gen.spec_bwd import bwd_config_from_name
 
     used = {key.name for key, _ in out}
     for name, buckets in shipped(arch).entries.items():
@@ -133,6 +136,9 @@ def main() -> int:
     todo = sorted(variants(args.arch, tuple(args.suites.split(","))), key=lambda v: (v[0].name, v[1].name))
     if args.prune:
         keep = {cache.cache_key(render_many([v]), entry_name(*v), args.arch) for v in todo}
+        for meta in (args.out / args.arch).glob("*/*.json"):  # a kept kernel may share another's cubin file
+            if meta.stem in keep:
+                keep.add(Path(json.loads(meta.read_text()).get("cubin_file", meta.name)).stem)
         stale = [f for f in (args.out / args.arch).glob("*/*") if f.stem not in keep]
         for f in stale:
             f.unlink()

@@ -60,6 +60,17 @@ def _cases() -> list[Case]:
 
 CASES = _cases()
 
+# Tilings other than the defaults, forced per case (dtype, head dim, mask, config name): the dQ bulk reduction
+# (dq_bulk) next to the per-element one, GQA and lengths that are not tile multiples.
+TILINGS = [
+    ("bf16", 64, "none", "m128n128w8a244s2_dqbulk"),
+    ("bf16", 64, "causal", "m128n128w8a244s2_dqbulk"),
+    ("bf16", 128, "none", "m64n128w8a242s2_dqbulk"),
+    ("fp16", 128, "causal", "m64n128w8a242s2_dqbulk"),
+    ("bf16", 256, "causal", "m64n64w8a422s1_dqbulk"),
+    ("bf16", 256, "none", "m64n64w8a422s1"),
+]
+
 
 def _inputs(case: Case, seed: int):
     gen = torch.Generator(device="cuda").manual_seed(seed)
@@ -79,9 +90,9 @@ def _kwargs(case: Case, alibi) -> dict:
                 alibi_slopes=alibi)
 
 
-def _runtime_grads(q, k, v, dout, *, deterministic: bool, **kwargs):
-    """Forward and backward through the runtime with NaN-poisoned gradient buffers (every element must be
-    written)."""
+def _runtime_grads(q, k, v, dout, *, deterministic: bool, config=None, **kwargs):
+    """Forward and backward through the runtime (the backward tiled by `config` when given) with NaN-poisoned
+    gradient buffers (every element must be written)."""
     from flash_gen.runtime.bwd import attention_bwd
     from flash_gen.runtime.fwd import attention_fwd
 
@@ -90,7 +101,7 @@ def _runtime_grads(q, k, v, dout, *, deterministic: bool, **kwargs):
                 softcap=args.softcap, alibi_slopes=kwargs["alibi_slopes"])
     out, lse = attention_fwd(q, k, v, **norm)
     grads = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))
-    attention_bwd(dout, q, k, v, out, lse, *grads, deterministic=deterministic, **norm)
+    attention_bwd(dout, q, k, v, out, lse, *grads, deterministic=deterministic, config=config, **norm)
     return grads
 
 
@@ -118,6 +129,18 @@ def test_backward_matches_reference(case: Case):
     kwargs = _kwargs(case, alibi)
     got = _runtime_grads(q, k, v, dout, deterministic=case.deterministic, **kwargs)
     _check_grads(got, q, k, v, dout, f"{case} seed={seed}", **kwargs)
+
+
+@pytest.mark.parametrize("dtype,head_dim,mask,config", TILINGS, ids=lambda x: str(x))
+def test_backward_tilings(dtype: str, head_dim: int, mask: str, config: str):
+    from flash_gen.spec_bwd import bwd_config_from_name
+
+    case = Case(dtype, head_dim, 301, 777, 2, 6, 2, mask)  # 3 query heads per KV head add into each dK/dV
+    seed = fresh_seed()
+    q, k, v, dout, _ = _inputs(case, seed)
+    kwargs = _kwargs(case, None)
+    got = _runtime_grads(q, k, v, dout, deterministic=False, config=bwd_config_from_name(config), **kwargs)
+    _check_grads(got, q, k, v, dout, f"{case} {config} seed={seed}", **kwargs)
 
 
 def _autograd(fn, inputs, dout, **kwargs):

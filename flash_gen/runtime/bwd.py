@@ -11,6 +11,7 @@ import ctypes
 
 import torch
 
+from flash_gen import settings
 from flash_gen.gen.render import bwd_aux_prefix, entry_name, render_bwd, render_bwd_aux
 from flash_gen.runtime import driver, loader
 from flash_gen.runtime.score_params import (
@@ -25,6 +26,7 @@ from flash_gen.spec import bucket_name
 from flash_gen.spec_bwd import (
     BwdConfig,
     BwdKey,
+    bwd_config_from_name,
     bwd_head_dim_mma,
     bwd_infeasible_reason,
     bwd_smem_bytes,
@@ -83,13 +85,20 @@ class _Variant:
 _variants: dict[tuple, _Variant] = {}
 
 
+def _forced_config(key: BwdKey) -> BwdConfig | None:
+    """FLASH_GEN_BWD_CONFIG where it is feasible for `key`."""
+    forced = settings.bwd_config()
+    cfg = bwd_config_from_name(forced) if forced else None
+    return cfg if cfg is not None and bwd_infeasible_reason(key, cfg) is None else None
+
+
 def _variant(device: int, dtype: str, head_dim: int, mask: str, softcap: bool, alibi: bool, varlen: bool,
              deterministic: bool, config: BwdConfig | None, bucket: str) -> _Variant:
     lookup = (device, dtype, head_dim, mask, softcap, alibi, varlen, deterministic, config, bucket)
     var = _variants.get(lookup)
     if var is None:
         key = BwdKey(driver.device_arch(device), dtype, head_dim, mask, softcap, alibi, varlen, deterministic)
-        cfg = config or tuned_config(key, bucket) or default_bwd_config(key)
+        cfg = config or _forced_config(key) or tuned_config(key, bucket) or default_bwd_config(key)
         why = bwd_infeasible_reason(key, cfg)
         if why is not None:
             raise ValueError(f"config: {cfg.name} cannot run {key.name}: {why}")
