@@ -62,15 +62,12 @@ class BwdConfig:
     warps_n_dkv: int = 4  # warps along block_n for dK and dV (the rest split the head dim)
     warps_m_dq: int = 2  # warps along block_m for dQ (the rest split the head dim)
     stages: int = 2  # Q/dO smem buffers: 2 loads the next query tile while this one computes
-    # dQ leaves through shared memory as one bulk reduce-add per row (cp.reduce.async.bulk, Sm90+), issued
-    # after the step's last barrier, instead of per-thread fp32 reductions that queue on the LSU pipe.
-    dq_bulk: bool = False
 
     @property
     def name(self) -> str:
         return (
             f"m{self.block_m}n{self.block_n}w{self.num_warps}"
-            f"a{self.warps_m_sdp}{self.warps_n_dkv}{self.warps_m_dq}s{self.stages}" + ("_dqbulk" if self.dq_bulk else "")
+            f"a{self.warps_m_sdp}{self.warps_n_dkv}{self.warps_m_dq}s{self.stages}"
         )
 
     @property
@@ -86,12 +83,7 @@ BWD_CONFIG_SPACE = {
     "warps_n_dkv": (1, 2, 4, 8),
     "warps_m_dq": (1, 2, 4, 8),
     "stages": (1, 2),
-    "dq_bulk": (False, True),
 }
-
-# The bulk copy engine (TMA) that dq_bulk uses exists from Sm90 on.
-_BULK_ARCHS = ("sm90", "sm100")
-DQ_ROW_PAD = 4  # fp32 per dQ staging row beyond the head dim: rows 16 B apart in banks, so stores don't conflict
 
 
 def bwd_head_dim_mma(key: BwdKey, cfg: BwdConfig) -> int:
@@ -102,11 +94,9 @@ def bwd_head_dim_mma(key: BwdKey, cfg: BwdConfig) -> int:
 
 
 def bwd_smem_bytes(key: BwdKey, cfg: BwdConfig) -> int:
-    """Q and dO (stages buffers each), K and V, P and dS tiles, 2-byte elements; with dq_bulk an fp32 dQ tile
-    with padded rows."""
+    """Q and dO (stages buffers each), K and V, P and dS tiles, 2-byte elements."""
     d = bwd_head_dim_mma(key, cfg)
-    dq = 4 * cfg.block_m * (d + DQ_ROW_PAD) if cfg.dq_bulk else 0
-    return 2 * (2 * cfg.stages * cfg.block_m * d + 2 * cfg.block_n * d + 2 * cfg.block_m * cfg.block_n) + dq
+    return 2 * (2 * cfg.stages * cfg.block_m * d + 2 * cfg.block_n * d + 2 * cfg.block_m * cfg.block_n)
 
 
 def bwd_accum_regs(key: BwdKey, cfg: BwdConfig) -> int:
@@ -120,10 +110,6 @@ def bwd_accum_regs(key: BwdKey, cfg: BwdConfig) -> int:
 
 def bwd_infeasible_reason(key: BwdKey, cfg: BwdConfig) -> str | None:
     """Why `cfg` cannot be compiled for `key` (None when it can)."""
-    if cfg.dq_bulk and key.arch not in _BULK_ARCHS:
-        return f"dq_bulk needs the bulk copy engine of {'/'.join(_BULK_ARCHS)}, not {key.arch}"
-    if cfg.dq_bulk and key.deterministic:  # the turn-taking needs each addition complete before passing on
-        return "dq_bulk is not used by deterministic kernels (they order per-element reductions)"
     w = cfg.num_warps
     for name in ("warps_m_sdp", "warps_n_dkv", "warps_m_dq"):
         if w % getattr(cfg, name):
@@ -191,10 +177,10 @@ def enumerate_bwd_keys(
 
 def bwd_config_from_name(name: str) -> BwdConfig:
     """Inverse of BwdConfig.name, e.g. "m64n128w8a242s2"."""
-    m = re.fullmatch(r"m(\d+)n(\d+)w(\d+)a(\d)(\d)(\d)s(\d+)(_dqbulk)?", name)
+    m = re.fullmatch(r"m(\d+)n(\d+)w(\d+)a(\d)(\d)(\d)s(\d+)", name)
     if m is None:
-        raise ValueError(f"not a backward config name (like m64n128w8a242s2 or m64n128w8a242s2_dqbulk): {name!r}")
-    return BwdConfig(*(int(g) for g in m.groups()[:-1]), dq_bulk=m.group(8) is not None)
+        raise ValueError(f"not a backward config name (like m64n128w8a242s2): {name!r}")
+    return BwdConfig(*(int(g) for g in m.groups()))
 
 
 def bwd_key_from_name(name: str) -> BwdKey:

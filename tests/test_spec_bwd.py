@@ -76,19 +76,6 @@ def test_infeasible_reason_explains_rejections(cfg, reason):
     assert why is not None and reason in why
 
 
-def test_dq_bulk_needs_sm90_and_a_nondeterministic_key_and_counts_its_staging_tile():
-    cfg = BwdConfig(64, 128, 8, 2, 4, 2, 2, dq_bulk=True)
-    assert cfg.name == "m64n128w8a242s2_dqbulk"
-    key = BwdKey("sm90", "bf16", 128)
-    assert spec_bwd.bwd_infeasible_reason(key, cfg) is None
-    staging = 4 * 64 * (128 + spec_bwd.DQ_ROW_PAD)
-    plain = dataclasses.replace(cfg, dq_bulk=False)
-    assert spec_bwd.bwd_smem_bytes(key, cfg) == spec_bwd.bwd_smem_bytes(key, plain) + staging
-    assert f"false, false, true, {spec_bwd.DQ_ROW_PAD}>;" in render_bwd(key, cfg)  # varlen, det, dq_bulk, pad
-    assert "sm80" in spec_bwd.bwd_infeasible_reason(BwdKey("sm80", "bf16", 128), cfg)
-    assert "deterministic" in spec_bwd.bwd_infeasible_reason(BwdKey("sm90", "bf16", 128, deterministic=True), cfg)
-
-
 def test_aux_kernels_render_without_cute():
     source = render_bwd_aux("sm90", "fp16")
     assert "flash_gen_bwd_aux_sm90_fp16_preprocess" in source and "flash_gen_bwd_aux_sm90_fp16_convert_dq" in source

@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 import jinja2
 
 from flash_gen.spec import FwdConfig, FwdKey, infeasible_reason, smem_bytes
-from flash_gen.spec_bwd import DQ_ROW_PAD, BwdConfig, BwdKey, bwd_head_dim_mma, bwd_infeasible_reason, bwd_smem_bytes
+from flash_gen.spec_bwd import BwdConfig, BwdKey, bwd_head_dim_mma, bwd_infeasible_reason, bwd_smem_bytes
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
 INCLUDE_DIR = TEMPLATE_DIR / "include"
@@ -63,7 +63,6 @@ def render_bwd_many(variants: Sequence[tuple[BwdKey, BwdConfig]]) -> str:
     items = _items(variants, bwd_infeasible_reason, lambda key, cfg: {
         "head_dim_mma": bwd_head_dim_mma(key, cfg),
         "smem_bytes": bwd_smem_bytes(key, cfg),
-        "dq_row_pad": DQ_ROW_PAD,
     })
     return _env().get_template("bwd_sm80.cu.j2").render(variants=items)
 

@@ -4,9 +4,7 @@
 //   S = Q K^T, P = exp2(S * scale_log2 - lse_log2)        (recomputed from the forward's lse, never stored)
 //   dP = dO V^T, dS = P * (dP - rowsum(dO * O))           (times 1 - tanh^2 under softcap)
 //   dV += P^T dO, dK += dS^T Q,  dQ_accum += dS K         (dQ in fp32 through atomics; converted afterwards)
-// P and dS go through shared memory because the dK/dV GEMMs read them transposed. With kDqBulk (Sm90+) dQ goes
-// through shared memory too and the TMA unit adds it to dQ_accum, one bulk reduction per row, so the step's
-// additions leave the LSU pipe and overlap the next step's GEMMs.
+// P and dS go through shared memory because the dK/dV GEMMs read them transposed.
 // Deterministic kernels order the dQ additions of the CTAs that share a query tile with a per-tile semaphore,
 // so every run adds in the same order.
 #pragma once
@@ -20,7 +18,7 @@ namespace flash_gen {
 
 template <class Element_, int kHeadDim_, int kHeadDimMma_, int kBlockM_, int kBlockN_, int kNWarps_,
           int kWarpsMSdP_, int kWarpsNdKV_, int kWarpsMdQ_, int kStages_, Mask kMask_, bool kSoftcap_,
-          bool kAlibi_, bool kVarlen_, bool kDeterministic_, bool kDqBulk_, int kDqRowPad_>
+          bool kAlibi_, bool kVarlen_, bool kDeterministic_>
 struct BwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;        // what loads and stores touch
@@ -35,8 +33,6 @@ struct BwdTraits {
   static constexpr bool kAlibi = kAlibi_;
   static constexpr bool kVarlen = kVarlen_;
   static constexpr bool kDeterministic = kDeterministic_;
-  static constexpr bool kDqBulk = kDqBulk_;
-  static_assert(!(kDqBulk && kDeterministic), "deterministic kernels order per-element reductions");
   static constexpr int kWarpsMSdP = kWarpsMSdP_, kWarpsNdKV = kWarpsNdKV_, kWarpsMdQ = kWarpsMdQ_;
 
   // Warps tile a GEMM's (M, N) as kWarpsM x (kNWarps / kWarpsM); N = 16 per warp step so one ldmatrix.x4
@@ -59,10 +55,7 @@ struct BwdTraits {
       decltype(tile_to_shape(typename SmemTile<kBlockN>::Atom{}, Shape<Int<kBlockM>, Int<kBlockN>>{}));
   static constexpr int kSmemElems =
       2 * kStages * kBlockM * kHeadDimMma + 2 * kBlockN * kHeadDimMma + 2 * kBlockM * kBlockN;
-  // dQ staging (kDqBulk): fp32 rows padded so a warp's accumulator stores hit distinct banks, 16 B aligned
-  // as bulk copies require.
-  static constexpr int kDqRowFloats = kHeadDimMma + kDqRowPad_;
-  static constexpr int kSmemBytes = kSmemElems * int(sizeof(Element)) + (kDqBulk ? 4 * kBlockM * kDqRowFloats : 0);
+  static constexpr int kSmemBytes = kSmemElems * int(sizeof(Element));
 
   using GmemLoad = typename GmemCopy<Element, kNThreads, kHeadDimMma>::Load;
   using GmemStore = typename GmemCopy<Element, kNThreads, kHeadDimMma>::Store;
@@ -89,28 +82,6 @@ __device__ __forceinline__ void red_add(Dst&& dst, Acc const& acc) {
     atomicAdd(&dst(i + 1), acc(i + 1));
 #endif
   }
-}
-
-// Bulk copies (Sm90+): the async proxy reads shared memory that the generic proxy wrote, hence the fence.
-__device__ __forceinline__ void fence_view_async_shared() {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-#endif
-}
-
-// global[0:bytes] += shared[0:bytes] as fp32, done by the TMA unit; completes as one bulk group.
-__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, int bytes) {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
-               "cp.async.bulk.commit_group;" ::"l"(dst), "r"(src), "r"(bytes) : "memory");
-#endif
-}
-
-// Waits until this thread's bulk groups have finished reading shared memory.
-__device__ __forceinline__ void bulk_wait_read() {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
-#endif
 }
 
 template <class T>
@@ -161,7 +132,6 @@ __device__ __forceinline__ void bwd_kernel(BwdParams const& p) {
   Tensor sV = make_tensor(sK.data() + size(sK), typename T::SmemLayoutKV{});
   Tensor sP = make_tensor(sV.data() + size(sV), typename T::SmemLayoutP{});
   Tensor sdS = make_tensor(sP.data() + size(sP), typename T::SmemLayoutP{});
-  float* sdq_ptr = reinterpret_cast<float*>(raw_pointer_cast((sdS.data() + size(sdS)).get()));  // kDqBulk only
 
   Tensor cQ = make_identity_tensor(Shape<Int<kBlockM>, Int<kD>>{});
   Tensor cKV = make_identity_tensor(Shape<Int<kBlockN>, Int<kD>>{});
@@ -239,15 +209,6 @@ __device__ __forceinline__ void bwd_kernel(BwdParams const& p) {
   Tensor tScS = thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
   Tensor tScS_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
   constexpr int kRows = decltype(size<0>(tScS_rc))::value;  // accumulator rows this thread holds
-  Tensor tdQsdQ = thr_dq.partition_C(  // kDqBulk: dQ staging, (block_m, head dim) with padded rows
-      make_tensor(make_smem_ptr(sdq_ptr), Shape<Int<kBlockM>, Int<kD>>{}, Stride<Int<T::kDqRowFloats>, _1>{}));
-  // Each warp sends kBlockM / kNWarps rows of the staging tile, one lane a row (a bulk copy is issued by one
-  // thread, so a warp's lanes take turns: spread over every warp, the turns overlap); the lane also waits for
-  // its row's read before the staging tile is written again.
-  static_assert(kBlockM % T::kNWarps == 0);
-  const int lane = tidx % 32, dq_row = (tidx / 32) * (kBlockM / T::kNWarps) + lane;
-  const bool dq_issuer = T::kDqBulk && lane < kBlockM / T::kNWarps;
-  const uint32_t sdq_row_addr = cast_smem_ptr_to_uint(sdq_ptr + dq_row * T::kDqRowFloats);
 
   for (int g = 0; g < group; ++g) {
     const int head = head_k * group + g;
@@ -340,7 +301,6 @@ __device__ __forceinline__ void bwd_kernel(BwdParams const& p) {
       }
       Tensor ds_frag = convert_to<Element>(acc_dp);
       copy(copy_p, thr_copy_p.retile_S(ds_frag), tPsdS);
-      if (dq_issuer) bulk_wait_read();  // the previous step's dQ has left the staging tile
       __syncthreads();  // P and dS visible to every warp
 
       Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kD>>{});
@@ -349,14 +309,10 @@ __device__ __forceinline__ void bwd_kernel(BwdParams const& p) {
           acc_dq, tdQrdS, tdQrKt, mma_dq,
           [&](int i) { LdsmP::template load_a<16 * kWmQ>(tdQrdS, ds_addr + ds_row, lane_p, i); },
           [&](int i, int n) { LdsmKV::template load_bt<8 * kWnQ>(tdQrKt, k_addr, off_kt, i, n); });
+      Tensor tdQgdQ = thr_dq.partition_C(make_tensor(make_gmem_ptr(dq_acc_ptr + int64_t(row0) * kD),
+                                                     Shape<Int<kBlockM>, Int<kD>>{}, Stride<Int<kD>, _1>{}));
       int* semaphore = nullptr;
-      if constexpr (T::kDqBulk) {
-        CUTE_UNROLL
-        for (int i = 0; i < size(acc_dq); i += 2) {  // elements 2i, 2i+1: adjacent columns of one row
-          *reinterpret_cast<float2*>(&tdQsdQ(i)) = make_float2(acc_dq(i), acc_dq(i + 1));
-        }
-        fence_view_async_shared();  // issued after the barrier that ends this step
-      } else if constexpr (T::kDeterministic) {
+      if constexpr (T::kDeterministic) {
         // The CTAs adding into this query tile take turns in key-tile order, starting at the first key tile
         // whose CTA visits it.
         semaphore = p.dq_semaphore + acc0 + row0;
@@ -367,11 +323,7 @@ __device__ __forceinline__ void bwd_kernel(BwdParams const& p) {
         }
         __syncthreads();
       }
-      if constexpr (!T::kDqBulk) {
-        red_add(thr_dq.partition_C(make_tensor(make_gmem_ptr(dq_acc_ptr + int64_t(row0) * kD),
-                                               Shape<Int<kBlockM>, Int<kD>>{}, Stride<Int<kD>, _1>{})),
-                acc_dq);
-      }
+      red_add(tdQgdQ, acc_dq);
       if constexpr (T::kDeterministic) {
         __syncthreads();  // every thread's additions are issued before the turn passes on
         if (tidx == 0) {
@@ -389,10 +341,8 @@ __device__ __forceinline__ void bwd_kernel(BwdParams const& p) {
           [&](int i) { LdsmP::template load_at<16 * kWmKV>(tdKrdSt, ds_addr, off_pt, i); },
           [&](int i, int n) { LdsmQ::template load_bt<8 * kWnKV>(tdKrQt, q_stage, off_qt, i, n); });
       __syncthreads();  // every warp is done with P, dS and this Q/dO stage before they are overwritten
-      if (dq_issuer) bulk_reduce_add_f32(dq_acc_ptr + int64_t(row0 + dq_row) * kD, sdq_row_addr, kD * 4);
     }
   }
-  if (dq_issuer) bulk_wait_read();  // shared memory must outlive the bulk reads
 
   // Epilogue: scale dK, stage dK and dV through the K/V buffers and store them with 16-byte vectors.
   cp_async_wait<0>();
