@@ -23,5 +23,6 @@ def __getattr__(name: str):
     if name in _API:
         from flash_gen import api
 
-        return getattr(api, name)
+        value = globals()[name] = getattr(api, name)  # later lookups are plain module attributes, no hook
+        return value
     raise AttributeError(f"module 'flash_gen' has no attribute {name!r}")

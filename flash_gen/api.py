@@ -44,7 +44,7 @@ def flash_attn_func(
 ) -> torch.Tensor:
     attn = check_attn_args(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                            return_attn_probs)
-    return ops.fwd(q, k, v, None, None, *attn)[0]
+    return ops.call(ops.fwd, q, k, v, None, None, *attn)[0]
 
 
 def flash_attn_kvpacked_func(
@@ -61,7 +61,7 @@ def flash_attn_kvpacked_func(
 ) -> torch.Tensor:
     attn = check_attn_args(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                            return_attn_probs)
-    return ops.fwd_kvpacked(q, kv, None, None, *attn)[0]
+    return ops.call(ops.fwd_kvpacked, q, kv, None, None, *attn)[0]
 
 
 def flash_attn_qkvpacked_func(
@@ -77,7 +77,7 @@ def flash_attn_qkvpacked_func(
 ) -> torch.Tensor:
     attn = check_attn_args(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                            return_attn_probs)
-    return ops.fwd_qkvpacked(qkv, None, None, *attn)[0]
+    return ops.call(ops.fwd_qkvpacked, qkv, None, None, *attn)[0]
 
 
 def flash_attn_varlen_func(
@@ -102,8 +102,8 @@ def flash_attn_varlen_func(
                            return_attn_probs)
     check_varlen_args(max_seqlen_q, max_seqlen_k)
     if block_table is not None:  # paged K/V: inference only
-        return ops.fwd_varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, *attn[:-1])[0]
-    return ops.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, *attn)[0]
+        return ops.call(ops.fwd_varlen_paged, q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, *attn[:-1])[0]
+    return ops.call(ops.fwd, q, k, v, cu_seqlens_q, cu_seqlens_k, *attn)[0]
 
 
 def flash_attn_varlen_kvpacked_func(
@@ -125,7 +125,7 @@ def flash_attn_varlen_kvpacked_func(
     attn = check_attn_args(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                            return_attn_probs)
     check_varlen_args(max_seqlen_q, max_seqlen_k)
-    return ops.fwd_kvpacked(q, kv, cu_seqlens_q, cu_seqlens_k, *attn)[0]
+    return ops.call(ops.fwd_kvpacked, q, kv, cu_seqlens_q, cu_seqlens_k, *attn)[0]
 
 
 def flash_attn_varlen_qkvpacked_func(
@@ -144,7 +144,7 @@ def flash_attn_varlen_qkvpacked_func(
     attn = check_attn_args(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                            return_attn_probs)
     check_varlen_args(max_seqlen, max_seqlen)
-    return ops.fwd_qkvpacked(qkv, cu_seqlens, cu_seqlens, *attn)[0]
+    return ops.call(ops.fwd_qkvpacked, qkv, cu_seqlens, cu_seqlens, *attn)[0]
 
 
 def flash_attn_with_kvcache(
@@ -190,9 +190,9 @@ def flash_attn_with_kvcache(
         raise TypeError(f"cache_seqlens: expected an int32 tensor or an int >= 0, got {cache_seqlens!r}")
     interleaved, with_lse = check_flag("rotary_interleaved", rotary_interleaved), check_flag(
         "return_softmax_lse", return_softmax_lse)
-    out, lse = ops.fwd_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, tensor_seqlens, int_seqlens,
-                               cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal, left, right,
-                               softcap, interleaved, alibi_slopes, num_splits)
+    out, lse = ops.call(ops.fwd_kvcache, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, tensor_seqlens,
+                        int_seqlens, cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal, left, right,
+                        softcap, interleaved, alibi_slopes, num_splits)
     return (out, lse) if with_lse else out
 
 

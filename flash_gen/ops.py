@@ -13,12 +13,20 @@ functions in flash_gen.api only forward arguments, so tracing them needs no data
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
 
-from flash_gen.validate import FwdArgs, check_bwd, check_packed, lse_shape, validate_fwd, validate_kvcache
+from flash_gen.validate import (
+    VECTOR_BYTES,
+    FwdArgs,
+    check_bwd,
+    check_packed,
+    lse_shape,
+    validate_fwd,
+    validate_kvcache,
+)
 
 # Trailing arguments every op takes, in this order: the ragged-batch offsets, the attention's semantics and the
 # backward's dQ order. cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
@@ -26,11 +34,34 @@ from flash_gen.validate import FwdArgs, check_bwd, check_packed, lse_shape, vali
 # alibi_slopes: Optional[Tensor], deterministic: bool
 
 
+# validate_fwd's results for dense calls (no cu_seqlens), keyed by everything it reads except the base addresses,
+# whose alignment is re-checked on every hit: a repeated shape skips the checks. Exact because the dispatcher has
+# already converted the scalars to their schema types (causal=1 arrives as True), so equal keys are equal
+# arguments. Varlen calls are not memoised (FLASH_GEN_DEBUG adds value checks there). Cleared when full, so
+# shapes that never repeat cannot grow it.
+_validated_memo: dict[tuple, FwdArgs] = {}
+_MEMO_SIZE = 256
+
+
 def _validated(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left,
                window_right, softcap, alibi_slopes) -> FwdArgs:
-    return validate_fwd(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, softmax_scale=softmax_scale,
+    memo_key = None
+    if cu_seqlens_q is None and cu_seqlens_k is None:
+        alibi = None if alibi_slopes is None else (alibi_slopes.shape, alibi_slopes.stride(), alibi_slopes.dtype,
+                                                   alibi_slopes.device)
+        memo_key = (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device, v.shape,
+                    v.stride(), v.dtype, v.device, softmax_scale, causal, window_left, window_right, softcap, alibi)
+        args = _validated_memo.get(memo_key)
+        if args is not None and not (q.data_ptr() | k.data_ptr() | v.data_ptr()) % VECTOR_BYTES:
+            return args
+    args = validate_fwd(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, softmax_scale=softmax_scale,
                         causal=causal, window_size=(window_left, window_right), softcap=softcap,
                         alibi_slopes=alibi_slopes)
+    if memo_key is not None:
+        if len(_validated_memo) >= _MEMO_SIZE:
+            _validated_memo.clear()
+        _validated_memo[memo_key] = args
+    return args
 
 
 def _score_kwargs(args: FwdArgs, alibi_slopes: Optional[Tensor]) -> dict:
@@ -87,10 +118,47 @@ def _parts(packed: Tensor, n: int) -> tuple[Tensor, ...]:
     return tuple(packed.select(-3, i) for i in range(n))
 
 
+# --- custom ops and the direct eager call ---------------------------------------------------------------------
+
+_IMPLS: dict[object, Callable] = {}  # custom op -> its Python implementation
+_EAGER_AUTOGRAD: dict[object, type] = {}  # differentiable custom op -> autograd.Function around its implementation
+
+
+def _custom_op(name: str, mutates_args: tuple[str, ...] = ()) -> Callable:
+    """torch.library.custom_op, remembering the implementation for `call`."""
+    def register(fn: Callable):
+        op = torch.library.custom_op(name, fn, mutates_args=mutates_args)
+        _IMPLS[op] = fn
+        return op
+    return register
+
+
+def call(op, *args):
+    """op(*args). Eager calls on plain CUDA tensors with no torch function or dispatch mode active skip the dispatcher
+    and custom-op layers, which cost most of the host time of a small call and do nothing there: with no gradient
+    to record the implementation runs directly, else an autograd.Function with the op's own autograd formulas
+    wraps it. torch.compile traces the op itself (is_compiling() is checked first, so dynamo never reaches the
+    C-level checks)."""
+    if (torch.compiler.is_compiling() or torch._C._is_torch_function_mode_enabled()
+            or torch._C._len_torch_dispatch_stack()):
+        return op(*args)
+    grad = torch.is_grad_enabled()
+    record = False
+    for a in args:
+        if isinstance(a, Tensor):
+            if type(a) is not Tensor or not a.is_cuda:  # subclasses and meta/CPU tensors: the op's own handling
+                return op(*args)
+            record = record or (grad and a.requires_grad)
+    if not record:
+        return _IMPLS[op](*args)
+    function = _EAGER_AUTOGRAD.get(op)
+    return function.apply(*args) if function is not None else op(*args)
+
+
 # --- separate q, k, v -------------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("flash_gen::fwd", mutates_args=())
+@_custom_op("flash_gen::fwd")
 def fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
         softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int, softcap: float,
         alibi_slopes: Optional[Tensor], deterministic: bool) -> tuple[Tensor, Tensor]:
@@ -103,7 +171,7 @@ def _(q, k, v, cu_seqlens_q, *attn):
     return _fake_outputs(q, cu_seqlens_q)
 
 
-@torch.library.custom_op("flash_gen::bwd", mutates_args=())
+@_custom_op("flash_gen::bwd")
 def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Optional[Tensor],
         cu_seqlens_k: Optional[Tensor], softmax_scale: Optional[float], causal: bool, window_left: int,
         window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
@@ -122,7 +190,7 @@ def _(dout, q, k, v, out, lse, *attn):
 # --- k and v packed: kv (b, sk, 2, hk, d) or (total_k, 2, hk, d) ---------------------------------------------
 
 
-@torch.library.custom_op("flash_gen::fwd_kvpacked", mutates_args=())
+@_custom_op("flash_gen::fwd_kvpacked")
 def fwd_kvpacked(q: Tensor, kv: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
                  softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int, softcap: float,
                  alibi_slopes: Optional[Tensor], deterministic: bool) -> tuple[Tensor, Tensor]:
@@ -136,7 +204,7 @@ def _(q, kv, cu_seqlens_q, *attn):
     return _fake_outputs(q, cu_seqlens_q)
 
 
-@torch.library.custom_op("flash_gen::bwd_kvpacked", mutates_args=())
+@_custom_op("flash_gen::bwd_kvpacked")
 def bwd_kvpacked(dout: Tensor, q: Tensor, kv: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Optional[Tensor],
                  cu_seqlens_k: Optional[Tensor], softmax_scale: Optional[float], causal: bool, window_left: int,
                  window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
@@ -156,7 +224,7 @@ def _(dout, q, kv, out, lse, *attn):
 # --- q, k and v packed: qkv (b, s, 3, h, d) or (total, 3, h, d) -------------------------------------------------
 
 
-@torch.library.custom_op("flash_gen::fwd_qkvpacked", mutates_args=())
+@_custom_op("flash_gen::fwd_qkvpacked")
 def fwd_qkvpacked(qkv: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
                   softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int, softcap: float,
                   alibi_slopes: Optional[Tensor], deterministic: bool) -> tuple[Tensor, Tensor]:
@@ -170,7 +238,7 @@ def _(qkv, cu_seqlens_q, *attn):
     return _fake_outputs(qkv.select(-3, 0), cu_seqlens_q)
 
 
-@torch.library.custom_op("flash_gen::bwd_qkvpacked", mutates_args=())
+@_custom_op("flash_gen::bwd_qkvpacked")
 def bwd_qkvpacked(dout: Tensor, qkv: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Optional[Tensor],
                   cu_seqlens_k: Optional[Tensor], softmax_scale: Optional[float], causal: bool, window_left: int,
                   window_right: int, softcap: float, alibi_slopes: Optional[Tensor], deterministic: bool) -> Tensor:
@@ -188,7 +256,7 @@ def _(dout, qkv, out, lse, *attn):
 # --- inference only (no gradient) ---------------------------------------------------------------------------
 
 
-@torch.library.custom_op("flash_gen::fwd_varlen_paged", mutates_args=())
+@_custom_op("flash_gen::fwd_varlen_paged")
 def fwd_varlen_paged(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                      block_table: Tensor, softmax_scale: Optional[float], causal: bool, window_left: int,
                      window_right: int, softcap: float, alibi_slopes: Optional[Tensor]) -> tuple[Tensor, Tensor]:
@@ -209,7 +277,7 @@ def _(q, k_cache, v_cache, cu_seqlens_q, *args):
     return _fake_outputs(q, cu_seqlens_q)
 
 
-@torch.library.custom_op("flash_gen::fwd_kvcache", mutates_args=("k_cache", "v_cache"))
+@_custom_op("flash_gen::fwd_kvcache", mutates_args=("k_cache", "v_cache"))
 def fwd_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor], v: Optional[Tensor],
                 rotary_cos: Optional[Tensor], rotary_sin: Optional[Tensor], cache_seqlens: Optional[Tensor],
                 cache_seqlens_int: int, cache_batch_idx: Optional[Tensor], cache_leftpad: Optional[Tensor],
@@ -277,11 +345,16 @@ def _register_autograd(fwd_op, bwd_op, n_inputs: int) -> None:
         attn = list(ctx.attn)
         for i, t in zip(_TENSOR_ARGS, buffers):
             attn[i] = t
-        grads = bwd_op(dout, *inputs, out, lse, *attn)
+        grads = call(bwd_op, dout, *inputs, out, lse, *attn)
         grads = grads if isinstance(grads, tuple) else (grads,)
         return (*grads, *(None,) * _N_ATTN)
 
     fwd_op.register_autograd(backward, setup_context=setup_context)
+    _EAGER_AUTOGRAD[fwd_op] = type(f"Eager_{_IMPLS[fwd_op].__name__}", (torch.autograd.Function,), {
+        "forward": staticmethod(_IMPLS[fwd_op]),
+        "setup_context": staticmethod(setup_context),
+        "backward": staticmethod(backward),
+    })
 
 
 _register_autograd(fwd, bwd, 3)

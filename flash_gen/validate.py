@@ -26,7 +26,7 @@ _DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 MAX_HEAD_DIM = 256
 # The kernels move rows with 16-byte vector loads (8 half-precision elements), so every tensor's base address
 # and every stride that is actually stepped over must keep that alignment.
-_VECTOR_BYTES = 16
+VECTOR_BYTES = 16
 
 
 @dataclass(frozen=True)
@@ -492,12 +492,12 @@ def _check_layout(name: str, t: torch.Tensor) -> None:
     """Only the head dim must be dense; batch/seqlen/head strides are free (views of packed tensors work)."""
     if t.stride(-1) != 1:
         raise ValueError(f"{name}: last dim must be contiguous (stride 1), got strides {t.stride()}")
-    elems = _VECTOR_BYTES // t.element_size()
+    elems = VECTOR_BYTES // t.element_size()
     misaligned = [s for n, s in zip(t.shape[:-1], t.stride()[:-1]) if n > 1 and s % elems]
-    if misaligned or t.data_ptr() % _VECTOR_BYTES:
+    if misaligned or t.data_ptr() % VECTOR_BYTES:
         raise ValueError(
-            f"{name}: base address and strides must be {_VECTOR_BYTES}-byte aligned (strides multiples of "
-            f"{elems} elements), got strides {t.stride()} at address offset {t.data_ptr() % _VECTOR_BYTES}"
+            f"{name}: base address and strides must be {VECTOR_BYTES}-byte aligned (strides multiples of "
+            f"{elems} elements), got strides {t.stride()} at address offset {t.data_ptr() % VECTOR_BYTES}"
         )
 
 
@@ -523,7 +523,7 @@ def _check_window(window_size: object) -> tuple[int, int]:
     if len(window_size) != 2:
         raise ValueError(f"window_size: expected a (left, right) pair, got {len(window_size)} values")
     for side in window_size:
-        if not isinstance(side, numbers.Integral) or isinstance(side, bool):
+        if type(side) is not int and (not isinstance(side, numbers.Integral) or isinstance(side, bool)):
             raise TypeError(f"window_size: entries must be ints, got {window_size!r}")
         if side < -1:
             raise ValueError(f"window_size: entries must be -1 (unbounded) or >= 0, got {window_size!r}")
@@ -558,4 +558,5 @@ def _check_bool(name: str, x: object) -> bool:
 
 
 def _is_real(x: object) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+    # Exact float/int first: isinstance against the numbers ABCs is slow, and this runs on every call.
+    return type(x) is float or type(x) is int or (isinstance(x, numbers.Real) and not isinstance(x, bool))

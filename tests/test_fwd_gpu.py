@@ -156,6 +156,37 @@ def test_requires_grad_inputs_run_forward():
     assert torch.equal(flash_attn_func(q.requires_grad_(), k.requires_grad_(), v.requires_grad_()), expected)
 
 
+def test_eager_calls_skip_the_dispatcher_and_traced_calls_keep_the_op(monkeypatch):
+    """ops.call: an eager call that records no gradient runs the implementation directly, one that does goes
+    through the eager autograd.Function; under a dispatch mode the custom op runs (the mode sees it)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from flash_gen import ops
+
+    class Recorder(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    gen = torch.Generator(device="cuda").manual_seed(fresh_seed())
+    q, k, v = (torch.randn(2, 77, 4, 64, generator=gen, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    direct = []
+    impl = ops._IMPLS[ops.fwd]
+    monkeypatch.setitem(ops._IMPLS, ops.fwd, lambda *args: direct.append(1) or impl(*args))
+    out = flash_attn_func(q, k, v)
+    assert direct == [1]
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out_grad = flash_attn_func(*leaves)
+    assert type(out_grad.grad_fn).__name__.startswith("Eager_fwd") and torch.equal(out_grad, out)
+    with Recorder() as mode:
+        assert torch.equal(flash_attn_func(q, k, v), out)
+    assert any("flash_gen.fwd" in name for name in mode.ops), mode.ops
+
+
 @pytest.mark.parametrize("seqlen_q,seqlen_k", [(0, 5), (5, 0), (0, 0)])
 def test_empty_sequences(seqlen_q: int, seqlen_k: int):
     q = torch.randn(2, seqlen_q, 4, 64, device="cuda", dtype=torch.float16)

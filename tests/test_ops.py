@@ -181,3 +181,24 @@ def test_fake_varlen_paged_shapes():
     table = torch.empty(B, 4, dtype=torch.int32, device="meta")
     out, lse = ops.fwd_varlen_paged(q, cache, cache, cu, cu, table, None, True, -1, -1, 0.0, None)
     assert out.shape == q.shape and lse.shape == (H, TOTAL_Q)
+
+
+def test_repeated_layout_skips_validation_but_rechecks_alignment(monkeypatch):
+    """A dense call's validation is memoised per layout; a hit must still reject a misaligned base address."""
+    from flash_gen import validate
+
+    monkeypatch.setattr(validate, "check_device", lambda *a, **k: None)  # CPU tensors stand in for CUDA ones
+    monkeypatch.setattr(ops, "_validated_memo", {})
+    calls = []
+    real = ops.validate_fwd
+    monkeypatch.setattr(ops, "validate_fwd", lambda *a, **k: calls.append(a) or real(*a, **k))
+    n = B * SQ * H * 64
+    buf = torch.randn(n + 8, dtype=torch.bfloat16)
+    q = buf[:n].view(B, SQ, H, 64)
+    attn = (None, None, None, True, -1, -1, 0.0, None)  # cu_seqlens_q/k, softmax_scale, causal, window, softcap, alibi
+    first = ops._validated(q, q, q, *attn)
+    assert ops._validated(q, q, q, *attn) is first and len(calls) == 1
+    assert ops._validated(q, q, q, *attn[:3], False, *attn[4:]) is not first  # other arguments: validated anew
+    shifted = buf[1 : n + 1].view(B, SQ, H, 64)  # the same layout 2 bytes further on
+    with pytest.raises(ValueError, match="^q: base address"):
+        ops._validated(shifted, shifted, shifted, *attn)

@@ -20,6 +20,7 @@ from flash_gen import errors
 _MAX_DYNAMIC_SMEM = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 _DEFAULT_SMEM_LIMIT = 48 * 1024  # dynamic shared memory a kernel may use without opting in
 _primary_contexts: dict[int, cu.CUcontext] = {}  # retained once per device, never released (as PyTorch does)
+_ParamPointer = ctypes.c_void_p * 1  # kernelParams: void*[1] -> the parameter struct (the type built once)
 
 
 def check(result: tuple, call: str):
@@ -56,7 +57,7 @@ class Kernel:
     ) -> None:
         """Launch on `stream` (a CUstream handle as an int, e.g. torch.cuda.current_stream().cuda_stream)
         with `params` as the kernel's single argument. The stream must belong to this kernel's device."""
-        args = (ctypes.c_void_p * 1)(ctypes.addressof(params))  # void*[1] -> the struct; copied at launch
+        args = _ParamPointer(ctypes.addressof(params))  # the struct is copied at launch
         (err,) = self._launch(
             self.function, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, stream,
             ctypes.addressof(args), 0,
@@ -98,6 +99,7 @@ def _primary_context(device: int) -> cu.CUcontext:
     return ctx
 
 
+@functools.lru_cache(maxsize=None)  # called on per-call paths (KV-cache append, split-KV combine)
 def device_arch(device: int) -> str:
     """The compile target for `device`: "sm80" (8.x), "sm90" (9.0) or "sm100" (10.x)."""
     import torch  # here, not at module level: only this helper needs it

@@ -150,7 +150,8 @@ def attention_fwd(
     kv, seqlen_k = "dense", k.shape[-3]  # the total when varlen
     if block_table is not None:  # pages holding whole key tiles (block_n <= 128) are read tile by tile
         kv, seqlen_k = ("paged" if k.shape[1] % 128 else "cache"), block_table.shape[1] * k.shape[1]
-    var = _variant(q.device.index, DTYPES[q.dtype], q.shape[-1], mask_kind(causal, window_size), softcap > 0,
+    device = q.device.index
+    var = _variant(device, DTYPES[q.dtype], q.shape[-1], mask_kind(causal, window_size), softcap > 0,
                    alibi_slopes is not None, varlen, config, kv, bucket=bucket_name("fwd", seqlen_k))
     p, out, lse = _params(q, k, v, out, batch, seqlen_k, causal=causal, window_size=window_size,
                           softmax_scale=softmax_scale, softcap=softcap, alibi_slopes=alibi_slopes)
@@ -163,7 +164,9 @@ def attention_fwd(
         grid = (varlen_tiles(seqlen_q, batch, var.cfg.block_m), nheads, 1)
     else:
         grid = (-(-seqlen_q // var.cfg.block_m), nheads, batch)
-    var.kernel.launch(grid, var.block, var.smem, torch.cuda.current_stream(q.device).cuda_stream, p)
+    # The current stream's raw handle, as Inductor's generated code reads it: torch.cuda.current_stream() would
+    # build a Stream object on every call.
+    var.kernel.launch(grid, var.block, var.smem, torch._C._cuda_getCurrentRawStream(device), p)
     return out, lse
 
 
@@ -210,7 +213,7 @@ def attention_fwd_kvcache(
     p.kv_batches, p.page_size = k_cache.shape[0], page_size
     p.block_table_stride = cache.block_table.stride(0) if paged else 0
     p.num_splits, p.head_dim = splits, head_dim
-    stream = torch.cuda.current_stream(q.device).cuda_stream
+    stream = torch._C._cuda_getCurrentRawStream(device)
     if splits == 1:
         var.kernel.launch((m_blocks, tile_heads, batch), var.block, var.smem, stream, p)
         return out, lse
@@ -252,20 +255,37 @@ def _combine_kernel(device: int, dtype: str) -> driver.Kernel:
     return loader.get_kernel(lambda: render_combine(arch, dtype), combine_entry(arch, dtype), arch, 0, device)
 
 
+# Parameter structs by everything but the tensor addresses: a repeated shape copies one instead of setting ~30
+# ctypes fields. Cleared when full, so shapes that never repeat cannot grow it.
+_param_templates: dict[tuple, FwdParams] = {}
+_TEMPLATES_MAX = 256
+
+
 def _params(q, k, v, out, batch: int, seqlen_k: int, **score) -> tuple[FwdParams, torch.Tensor, torch.Tensor]:
     """The parameter fields every forward launch fills, with the output (allocated unless given) and lse."""
     *lead_q, nheads, _ = q.shape
     seqlen_q, nheads_k, varlen = lead_q[-1], k.shape[-2], q.dim() == 3
-    check_grid(batch, nheads)
     if out is None:
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)  # cheaper than torch.empty(shape, ...)
     lse = torch.empty((nheads, seqlen_q) if varlen else (batch, nheads, seqlen_q), dtype=torch.float32,
                       device=q.device)
-    p = FwdParams()
+    alibi = score["alibi_slopes"]
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), out.stride(), batch, seqlen_k, score["causal"],
+           score["window_size"], score["softmax_scale"], score["softcap"], None if alibi is None else alibi.stride())
+    template = _param_templates.get(key)
+    if template is None:
+        check_grid(batch, nheads)
+        template = FwdParams()
+        for prefix, t in (("q", q), ("k", k), ("v", v), ("o", out)):
+            set_strides(template, prefix, t)
+        template.lse_batch_stride, template.lse_head_stride = (0, seqlen_q) if varlen else (nheads * seqlen_q, seqlen_q)
+        set_score_fields(template, batch=batch, nheads=nheads, nheads_k=nheads_k, seqlen_q=seqlen_q,
+                         seqlen_k=seqlen_k, **score)
+        if len(_param_templates) >= _TEMPLATES_MAX:
+            _param_templates.clear()
+        _param_templates[key] = template
+    p = FwdParams.from_buffer_copy(template)
     p.q, p.k, p.v, p.o, p.lse = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr()
-    for prefix, t in (("q", q), ("k", k), ("v", v), ("o", out)):
-        set_strides(p, prefix, t)
-    p.lse_batch_stride, p.lse_head_stride = (0, seqlen_q) if varlen else (nheads * seqlen_q, seqlen_q)
-    set_score_fields(p, batch=batch, nheads=nheads, nheads_k=nheads_k, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
-                     **score)
+    if alibi is not None:
+        p.alibi_slopes = alibi.data_ptr()
     return p, out, lse

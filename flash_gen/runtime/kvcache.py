@@ -92,6 +92,6 @@ def append_and_rotate(
     device = q.device.index
     arch, dtype = driver.device_arch(device), DTYPES[q.dtype]
     kernel = loader.get_kernel(lambda: render_append(arch, dtype), append_entry(arch, dtype), arch, 0, device)
-    stream = torch.cuda.current_stream(q.device).cuda_stream
+    stream = torch._C._cuda_getCurrentRawStream(device)
     kernel.launch((-(-items // _ROWS), 1, 1), (_THREADS, 1, 1), 0, stream, p)
     return q_out
