@@ -350,9 +350,15 @@ def _register_autograd(fwd_op, bwd_op, n_inputs: int) -> None:
         return (*grads, *(None,) * _N_ATTN)
 
     fwd_op.register_autograd(backward, setup_context=setup_context)
-    _EAGER_AUTOGRAD[fwd_op] = type(f"Eager_{_IMPLS[fwd_op].__name__}", (torch.autograd.Function,), {
-        "forward": staticmethod(_IMPLS[fwd_op]),
-        "setup_context": staticmethod(setup_context),
+    impl = _IMPLS[fwd_op]
+
+    def forward(ctx, *inputs):  # the ctx-taking form: with a separate setup_context, apply() would bind the
+        output = impl(*inputs)  # arguments through inspect.signature on every call
+        setup_context(ctx, inputs, output)
+        return output
+
+    _EAGER_AUTOGRAD[fwd_op] = type(f"Eager_{impl.__name__}", (torch.autograd.Function,), {
+        "forward": staticmethod(forward),
         "backward": staticmethod(backward),
     })
 

@@ -177,7 +177,7 @@ def attention_bwd(
                  (-(-seqlen_k // var.cfg.block_n), nheads_k, batch),
                  (-(-seqlen_q // _AUX_ROWS), nheads, batch)]
 
-    stream = torch.cuda.current_stream(q.device).cuda_stream
+    stream = torch._C._cuda_getCurrentRawStream(q.device.index)  # no Stream object per call
     aux_block = (_AUX_THREADS, 1, 1)
     var.preprocess.launch(grids[0], aux_block, 0, stream, p)
     var.main.launch(grids[1], (var.cfg.num_threads, 1, 1), var.smem, stream, p)

@@ -38,14 +38,25 @@ def _cuda_error(call: str, err) -> errors.CudaError:
     return errors.CudaError(call, int(err), getattr(err, "name", str(err)))
 
 
+@functools.cache
+def _cu_launch_kernel() -> ctypes._CFuncPtr:
+    """libcuda's cuLaunchKernel through ctypes: the launch is the per-call hot path, and cuda-bindings' wrapper
+    converts every argument in Python (several µs per launch); this one passes plain integers."""
+    fn = ctypes.CDLL("libcuda.so.1").cuLaunchKernel
+    fn.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+    fn.restype = ctypes.c_int
+    return fn
+
+
 class Kernel:
     """One kernel loaded on one device. The module is kept here so the function stays valid."""
 
-    __slots__ = ("entry", "device", "module", "function", "_launch")
+    __slots__ = ("entry", "device", "module", "function", "_handle", "_launch")
 
     def __init__(self, entry: str, device: int, module: cu.CUmodule, function: cu.CUfunction) -> None:
         self.entry, self.device, self.module, self.function = entry, device, module, function
-        self._launch = cu.cuLaunchKernel  # bound once: launch is the per-call hot path
+        self._handle = int(function)  # the CUfunction pointer value
+        self._launch = _cu_launch_kernel()
 
     def launch(
         self,
@@ -58,12 +69,10 @@ class Kernel:
         """Launch on `stream` (a CUstream handle as an int, e.g. torch.cuda.current_stream().cuda_stream)
         with `params` as the kernel's single argument. The stream must belong to this kernel's device."""
         args = _ParamPointer(ctypes.addressof(params))  # the struct is copied at launch
-        (err,) = self._launch(
-            self.function, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, stream,
-            ctypes.addressof(args), 0,
-        )
+        err = self._launch(self._handle, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, stream,
+                           ctypes.addressof(args), None)
         if err:
-            raise _cuda_error("cuLaunchKernel", err)
+            raise _cuda_error("cuLaunchKernel", cu.CUresult(err))
 
 
 def load_kernel(cubin: bytes, entry: str, smem_bytes: int, device: int) -> Kernel:
