@@ -176,7 +176,7 @@ def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
         cu_seqlens_k: Optional[Tensor], softmax_scale: Optional[float], causal: bool, window_left: int,
         window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
         deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
-    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    dq, dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
     _backward_into(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal,
                    window_left, window_right, softcap, alibi_slopes, deterministic)
     return dq, dk, dv
@@ -209,8 +209,8 @@ def bwd_kvpacked(dout: Tensor, q: Tensor, kv: Tensor, out: Tensor, lse: Tensor, 
                  cu_seqlens_k: Optional[Tensor], softmax_scale: Optional[float], causal: bool, window_left: int,
                  window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
                  deterministic: bool) -> tuple[Tensor, Tensor]:
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    dkv = torch.empty(kv.shape, dtype=kv.dtype, device=kv.device)
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+    dkv = torch.empty_like(kv, memory_format=torch.contiguous_format)
     _backward_into(dout, q, *_parts(kv, 2), out, lse, dq, *_parts(dkv, 2), cu_seqlens_q, cu_seqlens_k,
                    softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, deterministic)
     return dq, dkv
@@ -242,7 +242,7 @@ def _(qkv, cu_seqlens_q, *attn):
 def bwd_qkvpacked(dout: Tensor, qkv: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Optional[Tensor],
                   cu_seqlens_k: Optional[Tensor], softmax_scale: Optional[float], causal: bool, window_left: int,
                   window_right: int, softcap: float, alibi_slopes: Optional[Tensor], deterministic: bool) -> Tensor:
-    dqkv = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
+    dqkv = torch.empty_like(qkv, memory_format=torch.contiguous_format)
     _backward_into(dout, *_parts(qkv, 3), out, lse, *_parts(dqkv, 3), cu_seqlens_q, cu_seqlens_k, softmax_scale,
                    causal, window_left, window_right, softcap, alibi_slopes, deterministic)
     return dqkv

@@ -144,10 +144,12 @@ def attention_bwd(
 
     # Row-padded fp32 buffers (acc_row0 in bwd_params.cuh): every entry gets its rows rounded up to block_m.
     acc_shape = (nheads, seqlen_q + batch * block_m) if varlen else (batch, nheads, -(-seqlen_q // block_m) * block_m)
-    f32 = dict(dtype=torch.float32, device=q.device)
-    lse_log2 = torch.empty(acc_shape, **f32)
-    dsum = torch.empty(acc_shape, **f32)
-    dq_accum = torch.empty((*acc_shape, var.head_dim_mma), **f32)
+    # One allocation (the host cost is per tensor), each part starting 256-byte aligned for vector accesses.
+    rows = acc_shape[0] * acc_shape[1] * (acc_shape[2] if len(acc_shape) == 3 else 1)
+    part = -(-rows // 64) * 64
+    f32 = torch.empty(2 * part + rows * var.head_dim_mma, dtype=torch.float32, device=q.device)
+    lse_log2, dsum = f32[:rows].view(acc_shape), f32[part : part + rows].view(acc_shape)
+    dq_accum = f32[2 * part :].view(*acc_shape, var.head_dim_mma)
     semaphore = torch.empty(acc_shape, dtype=torch.int32, device=q.device) if deterministic else None
 
     p = BwdParams()
