@@ -54,10 +54,13 @@ def run(args: argparse.Namespace) -> int:
         return dry_run(families)
     if len(args.devices) > 1:
         return _run_workers(args, families)
-    status = _tune(args, families)
-    if status or args.no_collect:
-        return status
-    return _collect(args, families)
+    for fam in families:  # the database is written after each family, so a stopped run keeps what it finished
+        status = _tune(args, [fam])
+        if status:
+            return status
+        if not args.no_collect:
+            _collect(args, [fam])
+    return 0
 
 
 def _tune(args: argparse.Namespace, families: list[space.Family]) -> int:
