@@ -134,14 +134,14 @@ def _custom_op(name: str, mutates_args: tuple[str, ...] = ()) -> Callable:
 
 
 def call(op, *args):
-    """op(*args). Eager calls on plain CUDA tensors with no torch function or dispatch mode active skip the dispatcher
-    and custom-op layers, which cost most of the host time of a small call and do nothing there: with no gradient
-    to record the implementation runs directly, else an autograd.Function with the op's own autograd formulas
-    wraps it. torch.compile traces the op itself (is_compiling() is checked first, so dynamo never reaches the
-    C-level checks)."""
+    """op(*args). Eager calls on plain CUDA tensors, with no torch function or dispatch mode and no torch.func
+    transform active, skip the dispatcher and custom-op layers, which cost most of the host time of a small call
+    and do nothing there: with no gradient to record the implementation runs directly, else an autograd.Function
+    with the op's own autograd formulas wraps it. torch.compile traces the op itself (is_compiling() is checked
+    first, so dynamo never reaches the C-level checks)."""
     if (torch.compiler.is_compiling() or torch._C._is_torch_function_mode_enabled()
-            or torch._C._len_torch_dispatch_stack()):
-        return op(*args)
+            or torch._C._len_torch_dispatch_stack() or torch._C._functorch.peek_interpreter_stack() is not None):
+        return op(*args)  # traced, intercepted, or under a torch.func transform (whose tensors look plain)
     grad = torch.is_grad_enabled()
     record = False
     for a in args:
