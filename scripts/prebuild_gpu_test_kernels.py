@@ -26,7 +26,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 DECODE_CONFIGS = ("m64n128w4s2", "m64n64w4s2", "m64n64w4s3")
 
 
-def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvcache", "bench")) -> set:
+# `flash-gen bench --configs` tilings of the Hopper kernel (work in progress, issue 7).
+SM90_BENCH_CONFIGS = ("wgm128n128s2", "wgm128n176s2", "wgm128n64s2")
+
+
+def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvcache", "bench", "sm90")) -> set:
     """(key, config) pairs requested by tests/test_{fwd,bwd,varlen,kvcache}_gpu.py (suites "fwd", "bwd",
     "varlen", "kvcache") and by `flash-gen bench`'s default shapes and the benchmarks/ scripts ("bench")."""
     import test_bwd_gpu as tb
@@ -87,6 +91,17 @@ def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvca
         for dtype, d, mask, name in tb.TILINGS:  # test_backward_tilings
             out.add(default(dtype, d, mask))
             out.add((default_bwd(dtype, d, mask)[0], bwd_config_from_name(name)))
+    if "sm90" in suites and arch == "sm90":  # tests/test_fwd_sm90_gpu.py and the Hopper kernel's bench tilings
+        import test_fwd_sm90_gpu as ts
+
+        from flash_gen.spec_sm90 import Sm90FwdConfig, sm90_config_from_name, sm90_infeasible_reason
+
+        for dtype, d, block_n, mask_name, _, sq, sk, *_ in ts.CASES:
+            out.add((FwdKey(arch, dtype, d, derive_mask(*t.MASKS[mask_name], sq, sk)[0]), Sm90FwdConfig(block_n)))
+        for d, mask, name in itertools.product((64, 128, 256), ("none", "causal"), SM90_BENCH_CONFIGS):
+            key, cfg = FwdKey(arch, "bf16", d, mask), sm90_config_from_name(name)
+            if sm90_infeasible_reason(key, cfg) is None:
+                out.add((key, cfg))
     if "fwd" in suites:
         for head_dim, names in t.CONFIGS.items():
             for name in names:
@@ -120,8 +135,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", default="sm90")
     parser.add_argument("--out", type=Path, default=ROOT / ".kernels")
-    parser.add_argument("--suites", default="fwd,bwd,varlen,kvcache,bench",
-                        help="comma list of fwd, bwd, varlen, kvcache, bench, decode (tiling sweep)")
+    parser.add_argument("--suites", default="fwd,bwd,varlen,kvcache,bench,sm90",
+                        help="comma list of fwd, bwd, varlen, kvcache, bench, sm90 (Hopper kernel), decode (tiling "
+                        "sweep)")
     parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--prune", action="store_true",
                         help="only delete cache entries this plan does not use (stale after header changes), "

@@ -58,12 +58,12 @@ def compile_batch(variants: Sequence[tuple]) -> list[Compiled]:
 
 
 def plan_batches(variants: list[tuple], jobs: int) -> list[list]:
-    """Group variants of one direction, arch and head dim into translation units (they share most of CuTe's template
+    """Group variants of one kernel family, arch and head dim into translation units (they share most of CuTe's template
     instantiations: 24 kernels compile in about 2.5x the time of one), splitting groups until every worker has
     one, and capping a group at 24 kernels."""
     groups: dict[tuple, list] = {}
     for key, cfg in variants:
-        groups.setdefault((type(key), key.arch, key.head_dim), []).append((key, cfg))
+        groups.setdefault((type(key), type(cfg), key.arch, key.head_dim), []).append((key, cfg))
     batches = [g[i : i + 24] for g in groups.values() for i in range(0, len(g), 24)]
     while len(batches) < jobs and any(len(b) > 1 for b in batches):
         largest = max(batches, key=len)

@@ -14,6 +14,7 @@ import jinja2
 
 from flash_gen.spec import FwdConfig, FwdKey, infeasible_reason, smem_bytes
 from flash_gen.spec_bwd import BwdConfig, BwdKey, bwd_head_dim_mma, bwd_infeasible_reason, bwd_smem_bytes
+from flash_gen.spec_sm90 import Sm90FwdConfig, sm90_infeasible_reason, sm90_smem_bytes
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
 INCLUDE_DIR = TEMPLATE_DIR / "include"
@@ -55,6 +56,17 @@ def render_fwd_many(variants: Sequence[tuple[FwdKey, FwdConfig]]) -> str:
         "kv": _KV_LAYOUT[key.kv],
     })
     return _env().get_template("fwd_sm80.cu.j2").render(variants=items)
+
+
+def render_fwd_sm90(key: FwdKey, cfg: Sm90FwdConfig) -> str:
+    """CUDA source of the Hopper (wgmma) forward kernel for `key` tiled by `cfg`; ValueError if it cannot run."""
+    return render_fwd_sm90_many([(key, cfg)])
+
+
+def render_fwd_sm90_many(variants: Sequence[tuple[FwdKey, Sm90FwdConfig]]) -> str:
+    """One translation unit holding the Hopper forward kernel of every (key, config) in `variants`."""
+    items = _items(variants, sm90_infeasible_reason, lambda key, cfg: {"smem_bytes": sm90_smem_bytes(key, cfg)})
+    return _env().get_template("fwd_sm90.cu.j2").render(variants=items)
 
 
 def render_bwd_many(variants: Sequence[tuple[BwdKey, BwdConfig]]) -> str:
@@ -121,6 +133,10 @@ def render_append(arch: str, dtype: str) -> str:
     return _env().get_template("kv_append.cu.j2").render(prefix=append_entry(arch, dtype), bf16=dtype == "bf16")
 
 
-def render_many(variants: Sequence[tuple[FwdKey, FwdConfig]] | Sequence[tuple[BwdKey, BwdConfig]]) -> str:
-    """One translation unit for variants of one direction (all forward or all backward keys)."""
-    return render_bwd_many(variants) if isinstance(variants[0][0], BwdKey) else render_fwd_many(variants)
+def render_many(variants: Sequence[tuple]) -> str:
+    """One translation unit for variants of one kernel family (portable forward, Hopper forward or backward)."""
+    if isinstance(variants[0][0], BwdKey):
+        return render_bwd_many(variants)
+    if isinstance(variants[0][1], Sm90FwdConfig):
+        return render_fwd_sm90_many(variants)
+    return render_fwd_many(variants)

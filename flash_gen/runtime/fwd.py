@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from flash_gen import settings
-from flash_gen.gen.render import combine_entry, entry_name, render_combine, render_fwd
+from flash_gen.gen.render import combine_entry, entry_name, render_combine, render_fwd, render_fwd_sm90
 from flash_gen.runtime import driver, loader
 from flash_gen.runtime.score_params import (
     DTYPES,
@@ -34,6 +34,7 @@ from flash_gen.spec import (
     infeasible_reason,
     smem_bytes,
 )
+from flash_gen.spec_sm90 import Sm90FwdConfig, sm90_infeasible_reason, sm90_smem_bytes
 from flash_gen.tuned import tuned_config
 
 
@@ -92,7 +93,8 @@ class KvCache:
 
 def _variant(
     device: int, dtype: str, head_dim: int, mask: str, softcap: bool, alibi: bool, varlen: bool,
-    config: FwdConfig | None, kv: str = "dense", split: bool = False, pack_gqa: bool = False, bucket: str = "",
+    config: FwdConfig | Sm90FwdConfig | None, kv: str = "dense", split: bool = False, pack_gqa: bool = False,
+    bucket: str = "",
 ) -> _Variant:
     lookup = (device, dtype, head_dim, mask, softcap, alibi, varlen, config, kv, split, pack_gqa, bucket)
     var = _variants.get(lookup)
@@ -100,11 +102,13 @@ def _variant(
         arch = driver.device_arch(device)
         key = FwdKey(arch, dtype, head_dim, mask, softcap, alibi, varlen, kv, split, pack_gqa)
         cfg = config or _config(key, bucket)
-        why = infeasible_reason(key, cfg)
+        sm90 = isinstance(cfg, Sm90FwdConfig)  # the Hopper kernel (work in progress): only when forced
+        why = sm90_infeasible_reason(key, cfg) if sm90 else infeasible_reason(key, cfg)
         if why is not None:
             raise ValueError(f"config: {cfg.name} cannot run {key.name}: {why}")
-        smem = smem_bytes(key, cfg)
-        kernel = loader.get_kernel(lambda: render_fwd(key, cfg), entry_name(key, cfg), arch, smem, device)
+        smem = sm90_smem_bytes(key, cfg) if sm90 else smem_bytes(key, cfg)
+        render = render_fwd_sm90 if sm90 else render_fwd
+        kernel = loader.get_kernel(lambda: render(key, cfg), entry_name(key, cfg), arch, smem, device)
         var = _variants[lookup] = _Variant(kernel, cfg, smem)
     return var
 
@@ -133,7 +137,7 @@ def attention_fwd(
     cu_seqlens_k: torch.Tensor | None = None,
     block_table: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
-    config: FwdConfig | None = None,
+    config: FwdConfig | Sm90FwdConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward attention on validated inputs; returns (out, softmax_lse).
 

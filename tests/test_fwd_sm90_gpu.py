@@ -1,0 +1,80 @@
+"""GPU tests of the Hopper (wgmma) forward kernel, work in progress for issue 7 (not yet chosen by the runtime).
+
+Run through the runtime with a forced Sm90FwdConfig; same float64 reference, flash_attn's rule and
+NaN-poisoned outputs as tests/test_fwd_gpu.py. Skipped on GPUs other than sm_90.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from flash_gen.gen.render import entry_name, render_fwd_sm90
+from flash_gen.spec import FwdKey
+from flash_gen.spec_sm90 import Sm90FwdConfig
+from flash_gen.validate import validate_fwd
+
+from attn_reference import DTYPES, MASKS, attention_ref, fresh_seed
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                       reason="needs an sm_90 GPU"),
+]
+
+CASES = [  # dtype, head dim, block_n, mask, batch, seqlen_q, seqlen_k, nheads, nheads_k
+    ("bf16", 128, 128, "none", 2, 300, 517, 4, 2),
+    ("bf16", 128, 128, "causal", 2, 517, 300, 4, 4),
+    ("bf16", 128, 128, "causal", 1, 1000, 1000, 2, 1),
+    ("fp16", 64, 128, "none", 3, 129, 1, 2, 2),
+    ("bf16", 64, 128, "win32_0", 1, 257, 700, 4, 1),
+    ("bf16", 256, 64, "none", 1, 200, 333, 2, 2),
+]
+
+
+def _run(q, k, v, cfg: Sm90FwdConfig, causal: bool, window):
+    """The runtime's forward forced to the Hopper kernel, output poisoned with NaN."""
+    from flash_gen.runtime.fwd import attention_fwd
+
+    args = validate_fwd(q, k, v, causal=causal, window_size=window)
+    out = torch.full_like(q, float("nan"))
+    return attention_fwd(q, k, v, softmax_scale=args.softmax_scale, causal=args.causal, window_size=args.window_size,
+                         softcap=0.0, alibi_slopes=None, out=out, config=cfg)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+def test_sm90_forward_matches_reference(case):
+    dtype, d, block_n, mask, b, sq, sk, h, hk = case
+    seed = fresh_seed()
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v = (torch.randn(b, s, n, d, generator=gen, device="cuda", dtype=DTYPES[dtype])
+               for s, n in ((sq, h), (sk, hk), (sk, hk)))
+    causal, window = MASKS[mask]
+    out, lse = _run(q, k, v, Sm90FwdConfig(block_n), causal, window)
+    where = f"{case} seed={seed}"
+    assert not out.isnan().any(), f"{where}: {int(out.isnan().sum())} outputs never written (still NaN)"
+    ref = dict(scale=d**-0.5, causal=causal, window=window)
+    out64, lse64 = attention_ref(q, k, v, **ref, upcast=True)
+    out_low, _ = attention_ref(q, k, v, **ref, upcast=False)
+    err = (out.double() - out64).abs().max().item()
+    tol = 2 * (out_low.double() - out64).abs().max().item() + 1e-5
+    assert err <= tol, f"{where}: max|out - ref64| = {err:.3e} > {tol:.3e}"
+    blind = torch.isinf(lse64)
+    assert bool((lse[blind] == float("inf")).all()), f"{where}: rows that see no key must have lse = +inf"
+    lse_err = ((lse.double() - lse64).abs() / (1 + lse64.abs()))[~blind]
+    assert lse_err.numel() == 0 or lse_err.max().item() <= 1e-3, f"{where}: lse off by {lse_err.max().item():.3e}"
+
+
+@pytest.mark.skipif(shutil.which("cuobjdump") is None, reason="needs cuobjdump")
+def test_sm90_sass_uses_hgmma(tmp_path):
+    from flash_gen.build import cache
+
+    key, cfg = FwdKey("sm90", "bf16", 128, "none"), Sm90FwdConfig()
+    cubin, _ = cache.get_or_compile(render_fwd_sm90(key, cfg), entry_name(key, cfg), "sm90")
+    path = tmp_path / "k.cubin"
+    path.write_bytes(cubin)
+    sass = subprocess.run(["cuobjdump", "-sass", str(path)], capture_output=True, text=True, check=True).stdout
+    assert "HGMMA.64x128x16.F32.BF16" in sass and ".tnspB" in sass  # SS for QK^T, RS with V^T for PV

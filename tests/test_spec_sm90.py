@@ -1,0 +1,43 @@
+"""CPU checks of the Hopper (wgmma) forward kernel, work in progress for issue 7: its tiling identities, and that
+it renders and compiles with NVRTC for sm_90a without spills, both GEMMs on wgmma (SASS, which shows HGMMA, is
+checked on the GPU machine in tests/test_fwd_sm90_gpu.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from flash_gen.build import batches
+from flash_gen.spec import FwdKey
+from flash_gen.spec_sm90 import Sm90FwdConfig, sm90_config_from_name, sm90_infeasible_reason, sm90_smem_bytes
+
+
+def test_config_names_round_trip_and_other_names_are_not_sm90():
+    for cfg in (Sm90FwdConfig(), Sm90FwdConfig(176, 2), Sm90FwdConfig(64, 3)):
+        assert sm90_config_from_name(cfg.name) == cfg
+    assert sm90_config_from_name("m128n64w4s2") is None
+
+
+@pytest.mark.parametrize("key,cfg,reason", [
+    (FwdKey("sm80", "bf16", 128), Sm90FwdConfig(), "sm90"),
+    (FwdKey("sm90", "bf16", 96), Sm90FwdConfig(), "multiple of 64"),
+    (FwdKey("sm90", "bf16", 128, softcap=True), Sm90FwdConfig(), "softcap"),
+    (FwdKey("sm90", "bf16", 256), Sm90FwdConfig(128), "accumulator"),
+    (FwdKey("sm90", "bf16", 64), Sm90FwdConfig(24), "multiple of 16"),
+])
+def test_infeasible_reason_explains_rejections(key, cfg, reason):
+    why = sm90_infeasible_reason(key, cfg)
+    assert why is not None and reason in why
+
+
+def test_renders_and_compiles_without_spills_on_wgmma(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLASH_GEN_CACHE_DIR", str(tmp_path))
+    variants = [(FwdKey("sm90", "bf16", 128, "causal"), Sm90FwdConfig()), (FwdKey("sm90", "fp16", 64), Sm90FwdConfig())]
+    assert all(sm90_infeasible_reason(k, c) is None for k, c in variants)
+    assert sm90_smem_bytes(*variants[0]) == 2 * 128 * (128 + 2 * 2 * 128)
+    compiled = batches.compile_batch(variants)
+    for c in compiled:
+        assert c.error is None, c.error
+        r = c.result
+        assert (r.spill_stores, r.spill_loads, r.stack_frame) == (0, 0, 0), f"{c.entry} spills"
+        assert "wgmma.mma_async.sync.aligned.m64n128k16.f32" in r.ptx  # S = QK^T and O += PV
+        assert "wgmma.fence.sync.aligned" in r.ptx and "fence.proxy.async.shared::cta" in r.ptx
