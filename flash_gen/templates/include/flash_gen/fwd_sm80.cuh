@@ -267,7 +267,6 @@ __device__ __forceinline__ void fwd_kernel(FwdParams const& p) {
   Tensor tScS = thr_mma.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
   Tensor tScS_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
   constexpr int kRows = decltype(size<0>(tScS_rc))::value;  // accumulator rows this thread holds
-  constexpr int kCols = decltype(size<1>(tScS_rc))::value;
 
   // Prologue: Q and the first K (and, with a multi-stage ring, the first kStages-1 K/V tiles).
   if constexpr (T::kPackGqa) {
@@ -370,28 +369,8 @@ __device__ __forceinline__ void fwd_kernel(FwdParams const& p) {
       mask_tile<T::kMask>(s, tScS_rc, row0, n * kBlockN, seqlen_k, diag, p.window_left, p.window_right);
     }
 
-    // Online softmax in base 2: p = exp2(s*scale_log2 - max*scale_log2), one FFMA per element.
     Tensor o_rc = make_tensor(acc_o.data(), acc_rowcol(acc_o.layout()));
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-      float m = row_max[r];
-      CUTE_UNROLL
-      for (int c = 0; c < kCols; ++c) m = fmaxf(m, s(r, c));
-      m = quad_max(m);
-      // A row with nothing visible yet keeps max = -inf; subtract 0 instead so exp2 gives 0, not NaN.
-      const float m_scaled = m == -inf() ? 0.f : m * p.scale_log2;
-      const float correction = fast_exp2(row_max[r] * p.scale_log2 - m_scaled);
-      row_max[r] = m;
-      float sum = 0.f;
-      CUTE_UNROLL
-      for (int c = 0; c < kCols; ++c) {
-        s(r, c) = fast_exp2(s(r, c) * p.scale_log2 - m_scaled);
-        sum += s(r, c);
-      }
-      row_sum[r] = row_sum[r] * correction + sum;  // thread-partial; the quad is summed once at the end
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(o_rc); ++c) o_rc(r, c) *= correction;
-    }
+    online_softmax_step(s, o_rc, row_max, row_sum, p.scale_log2);
 
     Tensor p_frag = convert_to<Element>(acc_s);
     Tensor tOrP = make_tensor(p_frag.data(), acc_as_a_operand(p_frag.layout()));

@@ -174,25 +174,7 @@ __device__ __forceinline__ void fwd_sm90_kernel(FwdParams const& p) {
     if (tile_is_cut<T::kMask>(row0, kBlockM, n * kBlockN, kBlockN, seqlen_k, diag, p.window_left, p.window_right)) {
       mask_tile<T::kMask>(s, tScS_rc, row0, n * kBlockN, seqlen_k, diag, p.window_left, p.window_right);
     }
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) {  // online softmax in base 2, as in fwd_sm80.cuh
-      float m = row_max[r];
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(s); ++c) m = fmaxf(m, s(r, c));
-      m = quad_max(m);
-      const float m_scaled = m == -inf() ? 0.f : m * p.scale_log2;
-      const float correction = fast_exp2(row_max[r] * p.scale_log2 - m_scaled);
-      row_max[r] = m;
-      float sum = 0.f;
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(s); ++c) {
-        s(r, c) = fast_exp2(s(r, c) * p.scale_log2 - m_scaled);
-        sum += s(r, c);
-      }
-      row_sum[r] = row_sum[r] * correction + sum;
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(o_rc); ++c) o_rc(r, c) *= correction;
-    }
+    online_softmax_step(s, o_rc, row_max, row_sum, p.scale_log2);
 
     Tensor p_frag = convert_to<Element>(acc_s);
     Tensor tOrP = make_tensor(p_frag.data(), gmma_acc_as_a(p_frag.layout()));

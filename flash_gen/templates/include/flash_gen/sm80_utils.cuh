@@ -117,4 +117,32 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffff, x, 1);
 }
 
+// One key tile of the online softmax, in base 2 with the scale folded into one FFMA per element: scores `s`
+// (rows, cols) become exp2(s*scale_log2 - max*scale_log2), the output accumulator `o` (rows, cols) is rescaled
+// to the new row maxima, `row_sum` accumulates thread-partial sums (the quad is summed once at the end).
+template <int kRows, class S, class O>
+__device__ __forceinline__ void online_softmax_step(S& s, O& o, float (&row_max)[kRows], float (&row_sum)[kRows],
+                                                    float scale_log2) {
+  CUTE_UNROLL
+  for (int r = 0; r < kRows; ++r) {
+    float m = row_max[r];
+    CUTE_UNROLL
+    for (int c = 0; c < size<1>(s); ++c) m = fmaxf(m, s(r, c));
+    m = quad_max(m);
+    // A row with nothing visible yet keeps max = -inf; subtract 0 instead so exp2 gives 0, not NaN.
+    const float m_scaled = m == -inf() ? 0.f : m * scale_log2;
+    const float correction = fast_exp2(row_max[r] * scale_log2 - m_scaled);
+    row_max[r] = m;
+    float sum = 0.f;
+    CUTE_UNROLL
+    for (int c = 0; c < size<1>(s); ++c) {
+      s(r, c) = fast_exp2(s(r, c) * scale_log2 - m_scaled);
+      sum += s(r, c);
+    }
+    row_sum[r] = row_sum[r] * correction + sum;
+    CUTE_UNROLL
+    for (int c = 0; c < size<1>(o); ++c) o(r, c) *= correction;
+  }
+}
+
 }  // namespace flash_gen
