@@ -35,9 +35,9 @@ from flash_gen.validate import (
 
 
 # validate_fwd's results for dense calls (no cu_seqlens), keyed by everything it reads except the base addresses,
-# whose alignment is re-checked on every hit: a repeated shape skips the checks. Exact because the dispatcher has
-# already converted the scalars to their schema types (causal=1 arrives as True), so equal keys are equal
-# arguments. Varlen calls are not memoised (FLASH_GEN_DEBUG adds value checks there). Cleared when full, so
+# whose alignment is re-checked on every hit: a repeated shape skips the checks. Exact because the scalars arrive
+# with their types fixed (flash_gen.api normalises them; a direct op call goes through the dispatcher's schema),
+# so equal keys are equal arguments. Varlen calls are not memoised (FLASH_GEN_DEBUG adds value checks there). Cleared when full, so
 # shapes that never repeat cannot grow it.
 _validated_memo: dict[tuple, FwdArgs] = {}
 _MEMO_SIZE = 256
