@@ -1,11 +1,12 @@
 """Compile, on a machine without a GPU, every kernel the GPU tests and the default benchmark will ask for, into
 a kernel cache folder that a lent GPU machine then reads, so its minutes go to testing instead of NVRTC.
 
-    python3 scripts/prebuild_gpu_test_kernels.py [--arch sm90] [--out .kernels] [--suites fwd,bwd,varlen,kvcache,bench]
+    python3 scripts/prebuild_gpu_test_kernels.py [--arch sm90] [--out .kernels] [--suites fwd,bwd,varlen,kvcache,bench,sm90]
 
 (--suites bwd limits it to one test module's kernels.) Then carry the folder (device tool: carry [".whl", ".kernels"]); scripts/device_check.sh points
 FLASH_GEN_CACHE_DIR at it. Cache keys cover the NVRTC and header-wheel versions, so on a mismatch the device
-simply compiles what it lacks. Kernels are compiled in batches (one translation unit per arch and head dim).
+simply compiles what it lacks. Kernels are compiled in batches (one translation unit per kernel family, arch and
+head dim).
 """
 
 from __future__ import annotations
