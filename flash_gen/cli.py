@@ -17,7 +17,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from flash_gen import spec, spec_bwd
+from flash_gen import spec, spec_bwd, spec_sm90
 from flash_gen.build.batches import Compiled, compile_batch, plan_batches  # noqa: F401  (re-exported)
 
 
@@ -43,6 +43,8 @@ def _variants(args: argparse.Namespace) -> list[tuple]:
                           args.pack_gqa)
         if "fwd" in args.direction:
             out += _with_configs(fwd, spec.default_config, spec.config_from_name, spec.infeasible_reason, args)
+            if args.configs:  # Hopper kernel tilings (wgm...), only when named
+                out += _with_configs(fwd, None, _sm90_config, spec_sm90.sm90_infeasible_reason, args)
         if "bwd" in args.direction and args.kv == "dense":  # KV-cache kernels are forward-only
             bwd = spec_bwd.BwdKey(arch, dtype, hdim, mask, args.softcap, args.alibi, args.varlen, args.deterministic)
             out += _with_configs(bwd, spec_bwd.default_bwd_config, spec_bwd.bwd_config_from_name,
@@ -64,12 +66,21 @@ def _with_configs(key, default, from_name, infeasible, args: argparse.Namespace)
     return out
 
 
+def _sm90_config(name: str) -> spec_sm90.Sm90FwdConfig:
+    cfg = spec_sm90.sm90_config_from_name(name)
+    if cfg is None:
+        raise ValueError(f"not a Hopper forward config name: {name!r}")
+    return cfg
+
+
 def _config_name(text: str) -> str:
-    """A forward or backward config name, checked."""
-    try:
-        return spec.config_from_name(text).name
-    except ValueError:
-        return spec_bwd.bwd_config_from_name(text).name
+    """A forward, Hopper forward or backward config name, checked."""
+    for parse in (spec.config_from_name, _sm90_config):
+        try:
+            return parse(text).name
+        except ValueError:
+            pass
+    return spec_bwd.bwd_config_from_name(text).name
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
@@ -116,6 +127,8 @@ def _cmd_compile(args: argparse.Namespace) -> int:
 def _smem(key, cfg) -> int:
     if isinstance(key, spec_bwd.BwdKey):
         return spec_bwd.bwd_smem_bytes(key, cfg)
+    if isinstance(cfg, spec_sm90.Sm90FwdConfig):
+        return spec_sm90.sm90_smem_bytes(key, cfg)
     return spec.smem_bytes(key, cfg)
 
 
@@ -236,8 +249,9 @@ def _parser() -> argparse.ArgumentParser:
         "--configs",
         type=lambda text: tuple(_config_name(c) for c in text.split(",") if c),
         default=(),
-        help="tilings to compile instead of the defaults (FwdConfig names like m128n64w4s2, BwdConfig names like "
-        "m64n128w8a242s2, each applied to its direction); infeasible ones skipped",
+        help="tilings to compile instead of the defaults (FwdConfig names like m128n64w4s2, Hopper forward names "
+        "like wgm128n128s2, BwdConfig names like m64n128w8a242s2, each applied to its direction); infeasible ones "
+        "skipped",
     )
     p.add_argument("--out", type=Path, help="write <kernel>.cu, .ptx and .cubin here (PTX and cubin hold the whole "
                    "batch the kernel was compiled in)")

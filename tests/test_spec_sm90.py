@@ -4,6 +4,8 @@ checked on the GPU machine in tests/test_fwd_sm90_gpu.py)."""
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
 from flash_gen.build import batches
@@ -41,3 +43,13 @@ def test_renders_and_compiles_without_spills_on_wgmma(tmp_path, monkeypatch):
         assert (r.spill_stores, r.spill_loads, r.stack_frame) == (0, 0, 0), f"{c.entry} spills"
         assert "wgmma.mma_async.sync.aligned.m64n128k16.f32" in r.ptx  # S = QK^T and O += PV
         assert "wgmma.fence.sync.aligned" in r.ptx and "fence.proxy.async.shared::cta" in r.ptx
+
+
+def test_cli_compile_accepts_hopper_config_names():
+    from flash_gen import cli
+
+    assert cli._config_name("wgm128n176s2") == "wgm128n176s2"
+    args = argparse.Namespace(
+        arch=("sm80", "sm90"), dtype=("bf16",), hdim=(128,), mask=("none",), softcap=False, alibi=False, varlen=False,
+        kv="dense", split=False, pack_gqa=False, direction=("fwd",), deterministic=False, configs=("wgm128n128s2",))
+    assert [(k.arch, c.name) for k, c in cli._variants(args)] == [("sm90", "wgm128n128s2")]  # sm80: infeasible

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from flash_gen import spec, spec_bwd
+from flash_gen import spec, spec_bwd, spec_sm90
 
 
 @dataclass
@@ -18,7 +18,7 @@ class Compiled:
     """One variant's compile outcome, sent back from a worker process."""
 
     key: spec.FwdKey | spec_bwd.BwdKey
-    cfg: spec.FwdConfig | spec_bwd.BwdConfig
+    cfg: spec.FwdConfig | spec_sm90.Sm90FwdConfig | spec_bwd.BwdConfig
     entry: str
     source: str | None  # None when rendering failed
     result: Any | None  # flash_gen.build.nvrtc.CompileResult; None on failure
@@ -31,9 +31,9 @@ class Compiled:
 
 
 def compile_batch(variants: Sequence[tuple]) -> list[Compiled]:
-    """Render `variants` (all forward or all backward (key, config) pairs) into one translation unit, compile it once, and store each kernel in the kernel cache
-    under its own key (so the runtime finds it). Failures are returned, not raised, so one broken batch never
-    hides the report of the others."""
+    """Render `variants` ((key, config) pairs of one kernel family) into one translation unit, compile it once, and
+    store each kernel in the kernel cache under its own key (so the runtime finds it). Failures are returned, not
+    raised, so one broken batch never hides the report of the others."""
     from flash_gen.build import cache
     from flash_gen.build.nvrtc import compile_many
     from flash_gen.gen.render import entry_name, render_many
