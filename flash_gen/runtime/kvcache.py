@@ -13,7 +13,7 @@ import torch
 
 from flash_gen.gen.render import append_entry, render_append
 from flash_gen.runtime import driver, loader
-from flash_gen.runtime.score_params import DTYPES
+from flash_gen.runtime.score_params import DTYPES, set_strides
 
 _THREADS, _ROWS = 128, 4  # kAppendThreads, kAppendRows in templates/include/flash_gen/kv_append.cuh
 
@@ -31,12 +31,6 @@ class AppendParams(ctypes.Structure):
                                              "rotary_half", "seqlen_ro", "seqlen_int", "kv_entries", "rows",
                                              "capacity", "q_same_pos", "interleaved")]
     )
-
-
-def _set(p: AppendParams, prefix: str, t: torch.Tensor) -> None:
-    setattr(p, f"{prefix}_batch_stride", t.stride(0))
-    setattr(p, f"{prefix}_row_stride", t.stride(1))
-    setattr(p, f"{prefix}_head_stride", t.stride(2))
 
 
 def append_and_rotate(
@@ -65,18 +59,18 @@ def append_and_rotate(
     p = AppendParams()
     q_out = torch.empty_like(q, memory_format=torch.contiguous_format) if rotary else q
     p.q, p.q_out = q.data_ptr(), q_out.data_ptr()
-    _set(p, "q", q)
-    _set(p, "qo", q_out)
+    set_strides(p, "q", q)
+    set_strides(p, "qo", q_out)
     if rotary:
         cos, sin = cos.float().contiguous(), sin.float().contiguous()  # no copy when already fp32 and dense
         p.cos, p.sin, p.rotary_half, p.seqlen_ro = cos.data_ptr(), sin.data_ptr(), cos.shape[1], cos.shape[0]
     if k is not None:
         p.k_new, p.v_new = k.data_ptr(), v.data_ptr()
-        _set(p, "kn", k)
-        _set(p, "vn", v)
+        set_strides(p, "kn", k)
+        set_strides(p, "vn", v)
     p.k_cache, p.v_cache = k_cache.data_ptr(), v_cache.data_ptr()
-    _set(p, "kc", k_cache)
-    _set(p, "vc", v_cache)
+    set_strides(p, "kc", k_cache)
+    set_strides(p, "vc", v_cache)
     for name, t in (("cache_seqlens", cache_seqlens), ("batch_idx", batch_idx), ("block_table", block_table)):
         if t is not None:
             setattr(p, name, t.data_ptr())
