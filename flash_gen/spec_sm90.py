@@ -14,6 +14,7 @@ from flash_gen.spec import MAX_SMEM_PER_BLOCK, FwdKey
 
 BLOCK_M = 128  # two warpgroups x the wgmma M of 64
 NUM_THREADS = 256
+COPY_ROWS_PER_PASS = NUM_THREADS // 8  # 16-byte copies, 8 threads per 128-byte swizzled row
 MAX_ACC_FLOATS = 160  # fp32 accumulators per thread (S and O) that leave room for P and addressing in 255
 
 
@@ -57,6 +58,8 @@ def sm90_infeasible_reason(key: FwdKey, cfg: Sm90FwdConfig) -> str | None:
         return f"head_dim {key.head_dim} is not a multiple of 64 (128-byte swizzled rows)"
     if cfg.block_n % 16 or not 16 <= cfg.block_n <= 256:
         return f"block_n {cfg.block_n} must be a multiple of 16 in [16, 256] (the wgmma N)"
+    if cfg.block_n % COPY_ROWS_PER_PASS:
+        return f"block_n {cfg.block_n} is not a multiple of the {COPY_ROWS_PER_PASS} rows one cp.async pass covers"
     acc = (cfg.block_n + key.head_dim) * 64 // 128
     if acc > MAX_ACC_FLOATS:
         return f"{acc} accumulator floats per thread exceed {MAX_ACC_FLOATS}"

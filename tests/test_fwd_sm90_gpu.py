@@ -56,7 +56,7 @@ def test_sm90_forward_matches_reference(case):
     out, lse = _run(q, k, v, Sm90FwdConfig(block_n), causal, window)
     where = f"{case} seed={seed}"
     assert not out.isnan().any(), f"{where}: {int(out.isnan().sum())} outputs never written (still NaN)"
-    ref = dict(scale=d**-0.5, causal=causal, window=window)
+    ref = dict(scale=d**-0.5, causal=causal, window=window, softcap=0.0, alibi_slopes=None)
     out64, lse64 = attention_ref(q, k, v, **ref, upcast=True)
     out_low, _ = attention_ref(q, k, v, **ref, upcast=False)
     err = (out.double() - out64).abs().max().item()

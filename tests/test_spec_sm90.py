@@ -25,6 +25,7 @@ def test_config_names_round_trip_and_other_names_are_not_sm90():
     (FwdKey("sm90", "bf16", 128, softcap=True), Sm90FwdConfig(), "softcap"),
     (FwdKey("sm90", "bf16", 256), Sm90FwdConfig(128), "accumulator"),
     (FwdKey("sm90", "bf16", 64), Sm90FwdConfig(24), "multiple of 16"),
+    (FwdKey("sm90", "bf16", 128), Sm90FwdConfig(176), "rows one cp.async pass"),
 ])
 def test_infeasible_reason_explains_rejections(key, cfg, reason):
     why = sm90_infeasible_reason(key, cfg)
@@ -48,7 +49,7 @@ def test_renders_and_compiles_without_spills_on_wgmma(tmp_path, monkeypatch):
 def test_cli_compile_accepts_hopper_config_names():
     from flash_gen import cli
 
-    assert cli._config_name("wgm128n176s2") == "wgm128n176s2"
+    assert cli._config_name("wgm128n192s2") == "wgm128n192s2"
     args = argparse.Namespace(
         arch=("sm80", "sm90"), dtype=("bf16",), hdim=(128,), mask=("none",), softcap=False, alibi=False, varlen=False,
         kv="dense", split=False, pack_gqa=False, direction=("fwd",), deterministic=False, configs=("wgm128n128s2",))

@@ -24,6 +24,7 @@ struct Sm90FwdTraits {
   static constexpr Mask kMask = kMask_;
   static_assert(kHeadDim % 64 == 0, "128-byte swizzled rows: head dim a multiple of 64");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256);
+  static_assert(kBlockN % (kNThreads / 8) == 0, "each cp.async pass covers kNThreads / 8 rows of 128 bytes");
 
   // Warpgroup w computes rows [64w, 64w + 64) of both GEMMs.
   using MmaS = decltype(make_tiled_mma(
