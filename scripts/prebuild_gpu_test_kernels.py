@@ -28,7 +28,7 @@ DECODE_CONFIGS = ("m64n128w4s2", "m64n64w4s2", "m64n64w4s3")
 
 
 # `flash-gen bench --configs` tilings of the Hopper kernel (work in progress, issue 7).
-SM90_BENCH_CONFIGS = ("wgm128n128s2", "wgm128n192s2", "wgm128n64s2")
+SM90_BENCH_CONFIGS = ("wgm128n128s2p", "wgm128n128s2", "wgm128n176s2p", "wgm128n64s2p", "wgm128n80s2p")
 
 
 def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvcache", "bench", "sm90")) -> set:
@@ -95,10 +95,10 @@ def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvca
     if "sm90" in suites and arch == "sm90":  # tests/test_fwd_sm90_gpu.py and the Hopper kernel's bench tilings
         import test_fwd_sm90_gpu as ts
 
-        from flash_gen.spec_sm90 import Sm90FwdConfig, sm90_config_from_name, sm90_infeasible_reason
+        from flash_gen.spec_sm90 import sm90_config_from_name, sm90_infeasible_reason
 
-        for dtype, d, block_n, mask_name, _, sq, sk, *_ in ts.CASES:
-            out.add((FwdKey(arch, dtype, d, derive_mask(*t.MASKS[mask_name], sq, sk)[0]), Sm90FwdConfig(block_n)))
+        for dtype, d, name, mask_name, _, sq, sk, *_ in ts.CASES:
+            out.add((FwdKey(arch, dtype, d, derive_mask(*t.MASKS[mask_name], sq, sk)[0]), sm90_config_from_name(name)))
         for d, mask, name in itertools.product((64, 128, 256), ("none", "causal"), SM90_BENCH_CONFIGS):
             key, cfg = FwdKey(arch, "bf16", d, mask), sm90_config_from_name(name)
             if sm90_infeasible_reason(key, cfg) is None:

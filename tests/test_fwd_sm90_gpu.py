@@ -14,7 +14,7 @@ import torch
 
 from flash_gen.gen.render import entry_name, render_fwd_sm90
 from flash_gen.spec import FwdKey
-from flash_gen.spec_sm90 import Sm90FwdConfig
+from flash_gen.spec_sm90 import Sm90FwdConfig, sm90_config_from_name
 from flash_gen.validate import validate_fwd
 
 from attn_reference import DTYPES, MASKS, attention_ref, fresh_seed
@@ -25,13 +25,15 @@ pytestmark = [
                        reason="needs an sm_90 GPU"),
 ]
 
-CASES = [  # dtype, head dim, block_n, mask, batch, seqlen_q, seqlen_k, nheads, nheads_k
-    ("bf16", 128, 128, "none", 2, 300, 517, 4, 2),
-    ("bf16", 128, 128, "causal", 2, 517, 300, 4, 4),
-    ("bf16", 128, 128, "causal", 1, 1000, 1000, 2, 1),
-    ("fp16", 64, 128, "none", 3, 129, 1, 2, 2),
-    ("bf16", 64, 128, "win32_0", 1, 257, 700, 4, 1),
-    ("bf16", 256, 64, "none", 1, 200, 333, 2, 2),
+CASES = [  # dtype, head dim, config, mask, batch, seqlen_q, seqlen_k, nheads, nheads_k
+    ("bf16", 128, "wgm128n128s2p", "none", 2, 300, 517, 4, 2),
+    ("bf16", 128, "wgm128n128s2", "causal", 2, 517, 300, 4, 4),
+    ("bf16", 128, "wgm128n176s2p", "causal", 1, 1000, 1000, 2, 1),
+    ("fp16", 128, "wgm128n128s3p", "none", 1, 1, 2000, 2, 2),
+    ("fp16", 64, "wgm128n128s2p", "none", 3, 129, 1, 2, 2),
+    ("bf16", 64, "wgm128n192s2p", "win32_0", 1, 257, 700, 4, 1),
+    ("bf16", 256, "wgm128n64s2p", "none", 1, 200, 333, 2, 2),
+    ("bf16", 256, "wgm128n80s2", "causal", 2, 333, 1200, 2, 1),
 ]
 
 
@@ -47,13 +49,13 @@ def _run(q, k, v, cfg: Sm90FwdConfig, causal: bool, window):
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
 def test_sm90_forward_matches_reference(case):
-    dtype, d, block_n, mask, b, sq, sk, h, hk = case
+    dtype, d, name, mask, b, sq, sk, h, hk = case
     seed = fresh_seed()
     gen = torch.Generator(device="cuda").manual_seed(seed)
     q, k, v = (torch.randn(b, s, n, d, generator=gen, device="cuda", dtype=DTYPES[dtype])
                for s, n in ((sq, h), (sk, hk), (sk, hk)))
     causal, window = MASKS[mask]
-    out, lse = _run(q, k, v, Sm90FwdConfig(block_n), causal, window)
+    out, lse = _run(q, k, v, sm90_config_from_name(name), causal, window)
     where = f"{case} seed={seed}"
     assert not out.isnan().any(), f"{where}: {int(out.isnan().sum())} outputs never written (still NaN)"
     ref = dict(scale=d**-0.5, causal=causal, window=window, softcap=0.0, alibi_slopes=None)
@@ -69,7 +71,7 @@ def test_sm90_forward_matches_reference(case):
 
 
 @pytest.mark.skipif(shutil.which("cuobjdump") is None, reason="needs cuobjdump")
-def test_sm90_sass_uses_hgmma(tmp_path):
+def test_sm90_sass_uses_hgmma_and_tma(tmp_path):
     from flash_gen.build import cache
 
     key, cfg = FwdKey("sm90", "bf16", 128, "none"), Sm90FwdConfig()
@@ -78,3 +80,4 @@ def test_sm90_sass_uses_hgmma(tmp_path):
     path.write_bytes(cubin)
     sass = subprocess.run(["cuobjdump", "-sass", str(path)], capture_output=True, text=True, check=True).stdout
     assert "HGMMA.64x128x16.F32.BF16" in sass and ".tnspB" in sass  # SS for QK^T, RS with V^T for PV
+    assert "UTMALDG.4D" in sass and "SYNCS" in sass  # TMA tile loads completing on mbarriers

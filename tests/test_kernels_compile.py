@@ -137,21 +137,22 @@ def test_cli_compile_writes_report_and_files(compiled, tmp_path, monkeypatch, ca
 
 @pytest.mark.parametrize("module,struct,header", [("fwd", "FwdParams", "fwd_params.cuh"),
                                                    ("bwd", "BwdParams", "bwd_params.cuh"),
-                                                   ("kvcache", "AppendParams", "kv_append.cuh")])
+                                                   ("kvcache", "AppendParams", "kv_append.cuh"),
+                                                   ("fwd", "Sm90FwdParams", "fwd_sm90_params.cuh")])
 def test_params_struct_layout_matches_kernel(module: str, struct: str, header: str):
     """Each ctypes mirror in flash_gen.runtime and its C++ struct agree on every field offset and the size. NVRTC
-    has no constant offsetof, so one probe kernel per field reads it, and the PTX names the offset of that
-    parameter load."""
+    has no constant offsetof, so one probe kernel per field reads its first byte, and the PTX names the offset of
+    that parameter load."""
     import ctypes
     import importlib
 
     from flash_gen.build.nvrtc import compile_many
 
     params = getattr(importlib.import_module(f"flash_gen.runtime.{module}"), struct)
-    names = [name for name, _ in params._fields_]
+    names = [name for name, _ in params._fields_ if not name.startswith("_")]  # "_pad": the C++ tail padding
     source = f'#include "flash_gen/{header}"\n' + "".join(
         f'extern "C" __global__ void fg_probe_{n}(const __grid_constant__ flash_gen::{struct} p, '
-        f"unsigned long long* out) {{ *out = (unsigned long long)(p.{n}); }}\n"
+        f"unsigned char* out) {{ *out = *reinterpret_cast<const unsigned char*>(&p.{n}); }}\n"
         for n in names
     )
     ptx = compile_many(source, [f"fg_probe_{n}" for n in names], "sm80")[0].ptx

@@ -28,13 +28,13 @@ def check(result: tuple, call: str):
     None, the single value, or a tuple of values."""
     err, *values = result
     if err:
-        raise _cuda_error(call, err)
+        raise cuda_error(call, err)
     if not values:
         return None
     return values[0] if len(values) == 1 else tuple(values)
 
 
-def _cuda_error(call: str, err) -> errors.CudaError:
+def cuda_error(call: str, err) -> errors.CudaError:
     return errors.CudaError(call, int(err), getattr(err, "name", str(err)))
 
 
@@ -72,7 +72,7 @@ class Kernel:
         err = self._launch(self._handle, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, stream,
                            ctypes.addressof(args), None)
         if err:
-            raise _cuda_error("cuLaunchKernel", cu.CUresult(err))
+            raise cuda_error("cuLaunchKernel", cu.CUresult(err))
 
 
 def load_kernel(cubin: bytes, entry: str, smem_bytes: int, device: int) -> Kernel:

@@ -15,7 +15,7 @@ import torch
 
 from flash_gen import settings
 from flash_gen.gen.render import combine_entry, entry_name, render_combine, render_fwd, render_fwd_sm90
-from flash_gen.runtime import driver, loader
+from flash_gen.runtime import driver, loader, tma
 from flash_gen.runtime.score_params import (
     DTYPES,
     check_grid,
@@ -63,6 +63,15 @@ class FwdParams(ctypes.Structure):
         ]
         + [(name, ctypes.c_float) for name in ("score_scale", "scale_log2", "alibi_scale")]
     )
+
+
+class Sm90FwdParams(ctypes.Structure):
+    """Mirror of flash_gen::Sm90FwdParams (templates/include/flash_gen/fwd_sm90_params.cuh): TMA maps of q, k, v,
+    then the portable kernel's parameters, padded to the maps' 64-byte alignment as the C++ struct is."""
+
+    _fields_ = [("tma_q", ctypes.c_uint8 * tma.MAP_BYTES), ("tma_k", ctypes.c_uint8 * tma.MAP_BYTES),
+                ("tma_v", ctypes.c_uint8 * tma.MAP_BYTES), ("base", FwdParams),
+                ("_pad", ctypes.c_uint8 * (-(3 * tma.MAP_BYTES + ctypes.sizeof(FwdParams)) % tma.MAP_ALIGN))]
 
 
 class _Variant:
@@ -168,10 +177,23 @@ def attention_fwd(
         grid = (varlen_tiles(seqlen_q, batch, var.cfg.block_m), nheads, 1)
     else:
         grid = (-(-seqlen_q // var.cfg.block_m), nheads, batch)
+    if isinstance(var.cfg, Sm90FwdConfig):
+        p = _sm90_params(p, q, k, v, var.cfg)
     # The current stream's raw handle, as Inductor's generated code reads it: torch.cuda.current_stream() would
     # build a Stream object on every call.
     var.kernel.launch(grid, var.block, var.smem, torch._C._cuda_getCurrentRawStream(device), p)
     return out, lse
+
+
+def _sm90_params(p: FwdParams, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 cfg: Sm90FwdConfig) -> Sm90FwdParams:
+    """The Hopper kernel's parameters: `p` after TMA maps of q (boxes of a query tile's rows) and k, v (a key
+    tile's)."""
+    sp = Sm90FwdParams()
+    sp.base = p
+    for field, t, rows in (("tma_q", q, cfg.block_m), ("tma_k", k, cfg.block_n), ("tma_v", v, cfg.block_n)):
+        tma.encode_rows(sp, getattr(Sm90FwdParams, field).offset, t, rows)
+    return sp
 
 
 def attention_fwd_kvcache(

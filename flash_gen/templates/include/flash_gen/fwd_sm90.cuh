@@ -1,32 +1,40 @@
-// Hopper forward, step 1 (issue 7): both GEMMs on wgmma. Two consumer warpgroups own 64 query rows each of a
-// 128-row tile; S = Q K^T reads Q and K from swizzled shared memory (SS), O += P V takes P from registers (RS)
-// and V from shared memory read head-dim-major. K/V tiles are double-buffered with cp.async by all threads
-// (TMA, warp specialization and ping-pong scheduling are the next steps). Same FwdParams, masks and softmax
-// conventions as the portable kernel (fwd_sm80.cuh): dense K/V, no softcap/ALiBi/varlen yet.
+// Hopper forward (issue 7): warp-specialised, TMA-fed, both GEMMs on wgmma.
+//   warpgroup 0 (producer): one thread issues TMA loads of the Q tile and of K/V tiles into a kStages-deep ring of
+//     swizzled shared-memory buffers; full/empty mbarriers hand buffers to and from the consumers. It gives its
+//     registers to the consumers (setmaxnreg).
+//   warpgroups 1, 2 (consumers): 64 query rows each. S = Q K^T reads both operands from shared memory (SS),
+//     O += P V takes P from registers (RS) and V read head-dim-major. Within a warpgroup the softmax of tile j runs
+//     while the tensor cores compute P_{j-1} V_{j-1} (intra-warpgroup overlap); with kPingPong the two warpgroups
+//     take turns issuing their GEMMs (named barriers), so one's softmax overlaps the other's GEMMs.
+// Same FwdParams, masks and softmax conventions as the portable kernel (fwd_sm80.cuh): dense K/V, no
+// softcap/ALiBi/varlen yet; O is stored straight from the accumulators.
 #pragma once
 #include <cute/arch/mma_sm90.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 
 #include "flash_gen/attn_mask.cuh"
-#include "flash_gen/fwd_params.cuh"
+#include "flash_gen/fwd_sm90_params.cuh"
 #include "flash_gen/sm80_utils.cuh"
+#include "flash_gen/sm90_sync.cuh"
 
 namespace flash_gen {
 
-template <class Element_, int kHeadDim_, int kBlockN_, int kStages_, Mask kMask_>
+template <class Element_, int kHeadDim_, int kBlockN_, int kStages_, bool kPingPong_, Mask kMask_>
 struct Sm90FwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = 128;  // two warpgroups x 64 rows (the wgmma M)
+  static constexpr int kBlockM = 128;  // two consumer warpgroups x 64 rows (the wgmma M)
   static constexpr int kBlockN = kBlockN_;
-  static constexpr int kStages = kStages_;  // K/V buffers
-  static constexpr int kNThreads = 256;
+  static constexpr int kStages = kStages_;  // K/V buffers in the ring
+  static constexpr bool kPingPong = kPingPong_;
+  static constexpr int kNThreads = 384;  // producer + 2 consumer warpgroups
+  static constexpr int kConsumerThreads = 256;
   static constexpr Mask kMask = kMask_;
-  static_assert(kHeadDim % 64 == 0, "128-byte swizzled rows: head dim a multiple of 64");
-  static_assert(kBlockN % 16 == 0 && kBlockN <= 256);
-  static_assert(kBlockN % (kNThreads / 8) == 0, "each cp.async pass covers kNThreads / 8 rows of 128 bytes");
+  static constexpr int kBoxCols = 64;  // a TMA box row is one 128-byte swizzle row
+  static_assert(kHeadDim % kBoxCols == 0, "128-byte swizzled rows: head dim a multiple of 64");
+  static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma N and TMA box rows");
 
-  // Warpgroup w computes rows [64w, 64w + 64) of both GEMMs.
+  // Consumer warpgroup w computes rows [64w, 64w + 64) of both GEMMs.
   using MmaS = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockN>, Int<kHeadDim>>>(),
       Layout<Shape<_2, _1, _1>>{}));
@@ -35,21 +43,26 @@ struct Sm90FwdTraits {
                            GMMA::Major::MN>(),
       Layout<Shape<_2, _1, _1>>{}));
 
-  using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;  // 8 rows x 64 elements, 16-byte chunks XOR-swizzled
+  // 8 rows x 64 elements atoms, 16-byte chunks XOR-swizzled: the layout TMA's 128-byte swizzle writes. Atoms run
+  // down the rows first, so each 64-column slab of a tile is one contiguous TMA box.
+  using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;
   using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
   using SmemLayoutKV = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
   // V^T (head dim, keys, stage): the same bytes as V, seen as the PV GEMM's head-dim-major B operand.
   using SmemLayoutVt = decltype(composition(
       SmemLayoutKV{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{}, Step<_2, _1, _3>{})));
-  static constexpr int kSmemBytes =
-      int(sizeof(Element)) * (kBlockM * kHeadDim + 2 * kStages * kBlockN * kHeadDim);
 
-  using GmemLoad = typename GmemCopy<Element, kNThreads, kHeadDim>::Load;
+  struct Barriers {
+    MBarrier q_full, k_full[kStages], v_full[kStages], k_empty[kStages], v_empty[kStages];
+  };
+  static constexpr int kQBytes = int(sizeof(Element)) * kBlockM * kHeadDim;
+  static constexpr int kKVTileBytes = int(sizeof(Element)) * kBlockN * kHeadDim;
+  static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVTileBytes + int(sizeof(Barriers));
 };
 
-// The issued wgmmas of one GEMM, waited for. kZeroInit overwrites the accumulator.
+// Issue the wgmmas of one GEMM as one batch (waited for with warpgroup_wait). kZeroInit overwrites the accumulator.
 template <bool kZeroInit, class Mma, class A, class B, class C>
-__device__ __forceinline__ void wgmma_gemm(Mma& mma, A const& a, B const& b, C& c) {
+__device__ __forceinline__ void wgmma_issue(Mma& mma, A const& a, B const& b, C& c) {
   warpgroup_fence_operand(c);
   warpgroup_arrive();
   if constexpr (kZeroInit) mma.accumulate_ = GMMA::ScaleOut::Zero;
@@ -59,7 +72,6 @@ __device__ __forceinline__ void wgmma_gemm(Mma& mma, A const& a, B const& b, C& 
     mma.accumulate_ = GMMA::ScaleOut::One;
   }
   warpgroup_commit_batch();
-  warpgroup_wait<0>();
   warpgroup_fence_operand(c);
 }
 
@@ -79,17 +91,55 @@ __device__ __forceinline__ auto gmma_acc_as_a(Layout const& l) {
                      make_layout(layout<0, 1>(cols), layout<2>(l)));
 }
 
-__device__ __forceinline__ void fence_smem_for_async_proxy() {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+// The producer: Q once, then K and V of every key tile [n_min, n_max) into the ring, each waiting for its buffer
+// to be released. Run by a single thread.
+template <class T>
+__device__ __forceinline__ void fwd_sm90_produce(Sm90FwdParams const& params, typename T::Barriers& bars,
+                                                 typename T::Element* smem_q, typename T::Element* smem_k,
+                                                 typename T::Element* smem_v, int row0, int head, int head_k,
+                                                 int batch, int n_min, int n_max) {
+  constexpr int kBoxes = T::kHeadDim / T::kBoxCols, kBlockN = T::kBlockN;
+  prefetch_tensor_map(params.tma_q);
+  prefetch_tensor_map(params.tma_k);
+  prefetch_tensor_map(params.tma_v);
+  bars.q_full.arrive_expect_tx(T::kQBytes);
+  CUTE_UNROLL
+  for (int c = 0; c < kBoxes; ++c) {
+    tma_load_4d(params.tma_q, bars.q_full, smem_q + c * T::kBlockM * T::kBoxCols, c * T::kBoxCols, row0, head, batch);
+  }
+  for (int n = n_min, it = 0; n < n_max; ++n, ++it) {
+    const int stage = it % T::kStages;
+    const uint32_t phase = (it / T::kStages) & 1;
+    const int offset = stage * kBlockN * T::kHeadDim;
+    bars.k_empty[stage].wait(phase ^ 1);
+    bars.k_full[stage].arrive_expect_tx(T::kKVTileBytes);
+    CUTE_UNROLL
+    for (int c = 0; c < kBoxes; ++c) {
+      tma_load_4d(params.tma_k, bars.k_full[stage], smem_k + offset + c * kBlockN * T::kBoxCols, c * T::kBoxCols,
+                  n * kBlockN, head_k, batch);
+    }
+    bars.v_empty[stage].wait(phase ^ 1);
+    bars.v_full[stage].arrive_expect_tx(T::kKVTileBytes);
+    CUTE_UNROLL
+    for (int c = 0; c < kBoxes; ++c) {
+      tma_load_4d(params.tma_v, bars.v_full[stage], smem_v + offset + c * kBlockN * T::kBoxCols, c * T::kBoxCols,
+                  n * kBlockN, head_k, batch);
+    }
+  }
 }
 
 template <class T>
-__device__ __forceinline__ void fwd_sm90_kernel(FwdParams const& p) {
+__device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
   using Element = typename T::Element;
-  constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kD = T::kHeadDim;
+  using Barriers = typename T::Barriers;
+  constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kD = T::kHeadDim, kStages = T::kStages;
+  FwdParams const& p = params.base;
   extern __shared__ __align__(1024) char smem_buf[];  // 128-byte swizzle atoms repeat every 1024 bytes
+  Element* smem_q = reinterpret_cast<Element*>(smem_buf);
+  Element* smem_k = smem_q + kBlockM * kD;
+  Element* smem_v = smem_k + kStages * kBlockN * kD;
+  Barriers& bars = *reinterpret_cast<Barriers*>(smem_v + kStages * kBlockN * kD);
 
-  const int tidx = threadIdx.x;
   const int m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
   const int head_k = head / (p.nheads / p.nheads_k);
   const int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k;
@@ -103,35 +153,35 @@ __device__ __forceinline__ void fwd_sm90_kernel(FwdParams const& p) {
   }
   if constexpr (MaskBounds<T::kMask>::kLeft) n_min = max(0, row0 + diag - p.window_left) / kBlockN;
 
-  auto rows = [&](const void* base, int64_t b, int64_t r, int64_t h, int hh, int len, auto block) {
-    auto* ptr = static_cast<const Element*>(base) + batch * b + hh * h;
-    return local_tile(make_tensor(make_gmem_ptr(ptr), make_shape(len, Int<kD>{}), make_stride(r, _1{})),
-                      Shape<decltype(block), Int<kD>>{}, make_coord(_, 0));  // (rows, D, tile)
-  };
-  Tensor gQ = rows(p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, head, seqlen_q, Int<kBlockM>{});
-  Tensor gK = rows(p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, head_k, seqlen_k, Int<kBlockN>{});
-  Tensor gV = rows(p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, head_k, seqlen_k, Int<kBlockN>{});
+  constexpr int kConsumerWarps = T::kConsumerThreads / 32;
+  if (threadIdx.x == 0) {
+    bars.q_full.init(1);
+    CUTE_UNROLL
+    for (int s = 0; s < kStages; ++s) {
+      bars.k_full[s].init(1);
+      bars.v_full[s].init(1);
+      bars.k_empty[s].init(kConsumerWarps);
+      bars.v_empty[s].init(kConsumerWarps);
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();  // the last CTA-wide barrier: from here the warpgroups meet only through mbarriers
 
-  Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem_buf)), typename T::SmemLayoutQ{});
-  Tensor sK = make_tensor(sQ.data() + size(sQ), typename T::SmemLayoutKV{});
-  Tensor sV = make_tensor(sK.data() + size(sK), typename T::SmemLayoutKV{});
-  Tensor sVt = make_tensor(sV.data(), typename T::SmemLayoutVt{});
+  if (threadIdx.x < 128) {
+    release_registers<24>();
+    if (threadIdx.x == 0 && n_min < n_max) {
+      fwd_sm90_produce<T>(params, bars, smem_q, smem_k, smem_v, row0, head, head_k, batch, n_min, n_max);
+    }
+    return;
+  }
+  claim_registers<240>();
 
-  typename T::GmemLoad load;
-  auto load_thr = load.get_thread_slice(tidx);
-  Tensor cQ = make_identity_tensor(Shape<Int<kBlockM>, Int<kD>>{});
-  Tensor cKV = make_identity_tensor(Shape<Int<kBlockN>, Int<kD>>{});
-  Tensor tKVcKV = load_thr.partition_D(cKV);
-  Tensor tKsK = load_thr.partition_D(sK), tVsV = load_thr.partition_D(sV);
-  Tensor tKgK = load_thr.partition_S(gK), tVgV = load_thr.partition_S(gV);
-  auto load_kv = [&](int n, int stage) {
-    const int left = seqlen_k - n * kBlockN;
-    copy_zfill(load, tKgK(_, _, _, n), tKsK(_, _, _, stage), tKVcKV, left, kD);
-    copy_zfill(load, tVgV(_, _, _, n), tVsV(_, _, _, stage), tKVcKV, left, kD);
-  };
-
-  float* lse_ptr = p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride;
-  auto* o_ptr = static_cast<Element*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride;
+  const int tidx = threadIdx.x - 128;  // consumer thread 0..255
+  const int wg = tidx / 128;
+  const bool warp_leader = tidx % 32 == 0;
+  Tensor sQ = make_tensor(make_smem_ptr(smem_q), typename T::SmemLayoutQ{});
+  Tensor sK = make_tensor(make_smem_ptr(smem_k), typename T::SmemLayoutKV{});
+  Tensor sVt = make_tensor(make_smem_ptr(smem_v), typename T::SmemLayoutVt{});
 
   typename T::MmaS mma_s;
   typename T::MmaO mma_o;
@@ -139,7 +189,7 @@ __device__ __forceinline__ void fwd_sm90_kernel(FwdParams const& p) {
   auto thr_o = mma_o.get_thread_slice(tidx);
   Tensor acc_o = partition_fragment_C(mma_o, Shape<Int<kBlockM>, Int<kD>>{});
   Tensor o_rc = make_tensor(acc_o.data(), gmma_rowcol(acc_o.layout()));
-  Tensor tOcO = thr_o.partition_C(cQ);
+  Tensor tOcO = thr_o.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kD>>{}));
   Tensor tOcO_rc = make_tensor(tOcO.data(), gmma_rowcol(tOcO.layout()));
   constexpr int kRows = decltype(size<0>(o_rc))::value;
   float row_max[kRows], row_sum[kRows];
@@ -150,41 +200,94 @@ __device__ __forceinline__ void fwd_sm90_kernel(FwdParams const& p) {
   }
   clear(acc_o);
 
-  if (n_min < n_max) {
-    copy_zfill(load, load_thr.partition_S(gQ(_, _, m_block)), load_thr.partition_D(sQ), load_thr.partition_D(cQ),
-               seqlen_q - row0, kD);
-    load_kv(n_min, 0);
-    cp_async_fence();
-  }
   Tensor tSrQ = thr_s.partition_fragment_A(sQ);  // smem descriptors
   Tensor tScS = thr_s.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
   Tensor tScS_rc = make_tensor(tScS.data(), gmma_rowcol(tScS.layout()));
+  Tensor acc_s = partition_fragment_C(mma_s, Shape<Int<kBlockM>, Int<kBlockN>>{});
+  Tensor s_rc = make_tensor(acc_s.data(), gmma_rowcol(acc_s.layout()));
+  Tensor p_frag = make_tensor<Element>(acc_s.layout());
+  Tensor tOrP = make_tensor(p_frag.data(), gmma_acc_as_a(p_frag.layout()));
+  // Per-row rescale factors of O, captured by letting online_softmax_step "rescale" a column of ones; applied to
+  // O only once the P V GEMM that still reads the old O has completed.
+  Tensor correction = make_tensor<float>(Shape<Int<kRows>, _1>{});
 
-  for (int n = n_min, it = 0; n < n_max; ++n, ++it) {
-    const int stage = it % T::kStages;
-    if (n + 1 < n_max) load_kv(n + 1, (it + 1) % T::kStages);  // its buffer was released by the last barrier
-    cp_async_fence();
-    cp_async_wait<1>();
-    fence_smem_for_async_proxy();  // cp.async wrote through the generic proxy; wgmma reads through the async one
-    __syncthreads();
+  // Ping-pong: warpgroup w may issue its GEMMs once the other one has issued its own (named barrier 1 + w, 256
+  // threads: 128 waiting here, 128 arriving from the other warpgroup). Warpgroup 0 goes first.
+  auto wait_turn = [&] {
+    if constexpr (T::kPingPong) named_barrier_sync(1 + wg, T::kConsumerThreads);
+  };
+  auto pass_turn = [&] {
+    if constexpr (T::kPingPong) named_barrier_arrive(2 - wg, T::kConsumerThreads);
+  };
+  if (wg == 1) pass_turn();
 
-    Tensor acc_s = partition_fragment_C(mma_s, Shape<Int<kBlockM>, Int<kBlockN>>{});
-    wgmma_gemm<true>(mma_s, tSrQ, thr_s.partition_fragment_B(sK(_, _, stage)), acc_s);
-
-    Tensor s = make_tensor(acc_s.data(), gmma_rowcol(acc_s.layout()));
+  // S_n = Q K_n^T, masked and turned into P_n in place (fp32), then converted to the P operand.
+  auto scores = [&](int n) {
     if (tile_is_cut<T::kMask>(row0, kBlockM, n * kBlockN, kBlockN, seqlen_k, diag, p.window_left, p.window_right)) {
-      mask_tile<T::kMask>(s, tScS_rc, row0, n * kBlockN, seqlen_k, diag, p.window_left, p.window_right);
+      mask_tile<T::kMask>(s_rc, tScS_rc, row0, n * kBlockN, seqlen_k, diag, p.window_left, p.window_right);
     }
-    online_softmax_step(s, o_rc, row_max, row_sum, p.scale_log2);
+    fill(correction, 1.f);
+    online_softmax_step(s_rc, correction, row_max, row_sum, p.scale_log2);
+  };
+  auto rescale_o = [&] {
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(o_rc); ++c) o_rc(r, c) *= correction(r, 0);
+    }
+  };
+  auto release = [&](MBarrier& bar) {
+    if (warp_leader) bar.arrive();
+  };
 
-    Tensor p_frag = convert_to<Element>(acc_s);
-    Tensor tOrP = make_tensor(p_frag.data(), gmma_acc_as_a(p_frag.layout()));
+  if (n_min < n_max) {
+    bars.q_full.wait(0);
+    // Prologue: S of the first tile alone.
+    bars.k_full[0].wait(0);
+    wait_turn();
+    wgmma_issue<true>(mma_s, tSrQ, thr_s.partition_fragment_B(sK(_, _, 0)), acc_s);
+    pass_turn();
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc_s);
+    release(bars.k_empty[0]);
+    scores(n_min);
+    copy(convert_to<Element>(acc_s), p_frag);
+
+    // Steady state: S_n on the tensor cores, then P_{n-1} V_{n-1}; the softmax of S_n runs while P V computes.
+    for (int n = n_min + 1, it = 1; n < n_max; ++n, ++it) {
+      const int stage = it % kStages, prev = (it - 1) % kStages;
+      const uint32_t phase = (it / kStages) & 1, prev_phase = ((it - 1) / kStages) & 1;
+      bars.k_full[stage].wait(phase);
+      wait_turn();
+      wgmma_issue<true>(mma_s, tSrQ, thr_s.partition_fragment_B(sK(_, _, stage)), acc_s);
+      rescale_o();
+      bars.v_full[prev].wait(prev_phase);
+      warpgroup_fence_operand(tOrP);
+      wgmma_issue<false>(mma_o, tOrP, thr_o.partition_fragment_B(sVt(_, _, prev)), acc_o);
+      pass_turn();
+      warpgroup_wait<1>();  // S_n done, P V still running
+      warpgroup_fence_operand(acc_s);
+      release(bars.k_empty[stage]);
+      scores(n);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(acc_o);
+      release(bars.v_empty[prev]);
+      copy(convert_to<Element>(acc_s), p_frag);
+    }
+    // Epilogue of the loop: P V of the last tile.
+    const int last = (n_max - n_min - 1) % kStages;
+    rescale_o();
+    bars.v_full[last].wait(((n_max - n_min - 1) / kStages) & 1);
     warpgroup_fence_operand(tOrP);
-    wgmma_gemm<false>(mma_o, tOrP, thr_o.partition_fragment_B(sVt(_, _, stage)), acc_o);
-    __syncthreads();  // every warpgroup is done with this stage before it is refilled
+    wgmma_issue<false>(mma_o, tOrP, thr_o.partition_fragment_B(sVt(_, _, last)), acc_o);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc_o);
+    release(bars.v_empty[last]);
   }
 
-  // Epilogue: normalise, lse, then O straight from the accumulators (two adjacent columns per store).
+  // Normalise, lse, then O straight from the accumulators (two adjacent columns per store).
+  float* lse_ptr = p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride;
+  auto* o_ptr = static_cast<Element*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride;
   CUTE_UNROLL
   for (int r = 0; r < kRows; ++r) {
     const float sum = quad_sum(row_sum[r]);
