@@ -27,9 +27,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flash_gen
-from flash_gen.spec import config_from_name
+from flash_gen import fwd_tilings
 from flash_gen.spec_bwd import BwdConfig, bwd_config_from_name
-from flash_gen.spec_sm90 import sm90_config_from_name
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 PEERS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
@@ -70,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     impls = {"flash_gen": (contextlib.nullcontext, _flash_gen)}
     for name in args.configs:
         if args.direction == "fwd":
-            impl = functools.partial(_flash_gen, config=sm90_config_from_name(name) or config_from_name(name))
+            impl = functools.partial(_flash_gen, config=fwd_tilings.config_from_name(name))
         else:
             impl = functools.partial(_flash_gen_bwd_config, config=bwd_config_from_name(name))
         impls[f"fg:{name}"] = (contextlib.nullcontext, impl)

@@ -17,7 +17,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from flash_gen import spec, spec_bwd, spec_sm90
+from flash_gen import fwd_tilings, spec, spec_bwd
 from flash_gen.build.batches import Compiled, compile_batch, plan_batches  # noqa: F401  (re-exported)
 
 
@@ -42,9 +42,8 @@ def _variants(args: argparse.Namespace) -> list[tuple]:
         fwd = spec.FwdKey(arch, dtype, hdim, mask, args.softcap, args.alibi, args.varlen, args.kv, args.split,
                           args.pack_gqa)
         if "fwd" in args.direction:
-            out += _with_configs(fwd, spec.default_config, spec.config_from_name, spec.infeasible_reason, args)
-            if args.configs:  # Hopper kernel tilings (wgm...), only when named
-                out += _with_configs(fwd, None, _sm90_config, spec_sm90.sm90_infeasible_reason, args)
+            out += _with_configs(fwd, fwd_tilings.default_config, fwd_tilings.config_from_name,
+                                 fwd_tilings.infeasible_reason, args)
         if "bwd" in args.direction and args.kv == "dense":  # KV-cache kernels are forward-only
             bwd = spec_bwd.BwdKey(arch, dtype, hdim, mask, args.softcap, args.alibi, args.varlen, args.deterministic)
             out += _with_configs(bwd, spec_bwd.default_bwd_config, spec_bwd.bwd_config_from_name,
@@ -66,21 +65,12 @@ def _with_configs(key, default, from_name, infeasible, args: argparse.Namespace)
     return out
 
 
-def _sm90_config(name: str) -> spec_sm90.Sm90FwdConfig:
-    cfg = spec_sm90.sm90_config_from_name(name)
-    if cfg is None:
-        raise ValueError(f"not a Hopper forward config name: {name!r}")
-    return cfg
-
-
 def _config_name(text: str) -> str:
-    """A forward, Hopper forward or backward config name, checked."""
-    for parse in (spec.config_from_name, _sm90_config):
-        try:
-            return parse(text).name
-        except ValueError:
-            pass
-    return spec_bwd.bwd_config_from_name(text).name
+    """A forward (either family) or backward config name, checked."""
+    try:
+        return fwd_tilings.config_from_name(text).name
+    except ValueError:
+        return spec_bwd.bwd_config_from_name(text).name
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
@@ -127,9 +117,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
 def _smem(key, cfg) -> int:
     if isinstance(key, spec_bwd.BwdKey):
         return spec_bwd.bwd_smem_bytes(key, cfg)
-    if isinstance(cfg, spec_sm90.Sm90FwdConfig):
-        return spec_sm90.sm90_smem_bytes(key, cfg)
-    return spec.smem_bytes(key, cfg)
+    return fwd_tilings.smem_bytes(key, cfg)
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -179,11 +167,12 @@ def _cmd_info(args: argparse.Namespace) -> int:
     from flash_gen.build import library
 
     key = spec_bwd.bwd_key_from_name(args.key) if args.key.startswith("bwd") else spec.key_from_name(args.key)
-    default = spec_bwd.default_bwd_config(key) if args.key.startswith("bwd") else spec.default_config(key)
+    default = spec_bwd.default_bwd_config(key) if args.key.startswith("bwd") else fwd_tilings.default_config(key)
     smem = _smem(key, default)
     print(f"{key.name}: default tiling {default.name} ({default.num_threads} threads, {smem} B shared memory)")
     for bucket, e in sorted(tuned.shipped(key.arch).entries.get(key.name, {}).items()):
-        print(f"  tuned {bucket}: {e.config} {e.ms:.3f} ms vs default {e.default_ms:.3f} ms ({e.speedup:.2f}x) on "
+        stale = "" if tuned.tuned_config(key, bucket) else f" (stale: tuned against {e.default_config}, unused)"
+        print(f"  tuned {bucket}: {e.config}{stale} {e.ms:.3f} ms vs default {e.default_ms:.3f} ms ({e.speedup:.2f}x) on "
               f"{e.gpu}, {e.date}")
     for lib in library.installed(key.arch):
         for r in lib.records.values():

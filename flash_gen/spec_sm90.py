@@ -1,7 +1,7 @@
 """Hopper forward kernel (templates/include/flash_gen/fwd_sm90.cuh) identities: its tiling and what it supports.
 
-Work in progress for issue 7: a TMA producer warpgroup and two wgmma consumer warpgroups with intra-warpgroup
-overlap and optional ping-pong. Keys are the forward's FwdKey; only dense, unpacked keys without
+Work in progress for issue 7: a TMA producer warpgroup and two or three wgmma consumer warpgroups (64 query rows
+each) with intra-warpgroup overlap and optional ping-pong. Keys are the forward's FwdKey; only dense, unpacked keys without
 softcap/ALiBi/varlen on sm90 are supported so far. Must not import torch or cuda.
 """
 
@@ -12,10 +12,9 @@ from dataclasses import dataclass
 
 from flash_gen.spec import MAX_SMEM_PER_BLOCK, FwdKey
 
-BLOCK_M = 128  # two consumer warpgroups x the wgmma M of 64
-NUM_THREADS = 384  # a TMA producer warpgroup and two consumer warpgroups
-CONSUMER_REGISTERS = 240  # setmaxnreg of the consumers (the producer keeps 24)
-MAX_TILE_REGISTERS = 200  # S (fp32), P (16-bit pairs) and O (fp32) per consumer thread, leaving room for addressing
+ROWS_PER_CONSUMER = 64  # the wgmma M
+CONSUMER_REGISTERS = {2: 240, 3: 160}  # setmaxnreg of each consumer thread (kConsumerRegs in the kernel)
+ADDRESSING_REGISTERS = 32  # a consumer's other registers, a floor: ptxas has the last word (hd128 n176, 196: spilled)
 BARRIER_BYTES = 8  # one mbarrier
 
 
@@ -24,29 +23,39 @@ class Sm90FwdConfig:
     block_n: int = 128  # keys per step (the S wgmma's N)
     stages: int = 2  # K/V shared-memory buffers in the TMA ring
     pingpong: bool = True  # the consumer warpgroups take turns issuing GEMMs (one's softmax under the other's GEMMs)
+    block_m: int = 128  # query rows per CTA: 64 per consumer warpgroup
 
     @property
     def name(self) -> str:
-        return f"wgm{BLOCK_M}n{self.block_n}s{self.stages}" + ("p" if self.pingpong else "")
+        return f"wgm{self.block_m}n{self.block_n}s{self.stages}" + ("p" if self.pingpong else "")
+
+    @property
+    def consumers(self) -> int:
+        return self.block_m // ROWS_PER_CONSUMER
 
     @property
     def num_threads(self) -> int:
-        return NUM_THREADS
+        return 128 * (1 + self.consumers)  # the TMA producer warpgroup first
 
-    @property
-    def block_m(self) -> int:
-        return BLOCK_M
+
+# The tuner's axes (flash_gen.search.space), each a field of Sm90FwdConfig; sm90_infeasible_reason prunes them.
+SM90_CONFIG_SPACE = {
+    "block_n": (64, 80, 96, 112, 128, 144, 160, 176, 192),
+    "stages": (2, 3, 4),
+    "pingpong": (False, True),
+    "block_m": (128, 192),
+}
 
 
 def sm90_config_from_name(name: str) -> Sm90FwdConfig | None:
     """Inverse of Sm90FwdConfig.name ("wgm128n128s2p"), or None for a name of another kernel family."""
-    m = re.fullmatch(rf"wgm{BLOCK_M}n(\d+)s(\d+)(p?)", name)
-    return Sm90FwdConfig(int(m.group(1)), int(m.group(2)), bool(m.group(3))) if m else None
+    m = re.fullmatch(r"wgm(\d+)n(\d+)s(\d+)(p?)", name)
+    return Sm90FwdConfig(int(m[2]), int(m[3]), bool(m[4]), int(m[1])) if m else None
 
 
 def sm90_smem_bytes(key: FwdKey, cfg: Sm90FwdConfig) -> int:
     """Q plus `stages` K and V tiles (2-byte elements), then the mbarriers: Q full, K/V full and empty per stage."""
-    return 2 * key.head_dim * (BLOCK_M + 2 * cfg.stages * cfg.block_n) + BARRIER_BYTES * (1 + 4 * cfg.stages)
+    return 2 * key.head_dim * (cfg.block_m + 2 * cfg.stages * cfg.block_n) + BARRIER_BYTES * (1 + 4 * cfg.stages)
 
 
 def sm90_infeasible_reason(key: FwdKey, cfg: Sm90FwdConfig) -> str | None:
@@ -62,10 +71,21 @@ def sm90_infeasible_reason(key: FwdKey, cfg: Sm90FwdConfig) -> str | None:
         return f"block_n {cfg.block_n} must be a multiple of 16 in [16, 256] (the wgmma N)"
     if cfg.stages < 1:
         return "stages must be at least 1"
+    if cfg.block_m not in (128, 192):
+        return f"block_m {cfg.block_m} must be 128 or 192 (two or three consumer warpgroups of 64 rows)"
     regs = (cfg.block_n // 2 + cfg.block_n // 4 + key.head_dim // 2)  # 64 rows over 128 threads: S, P, O
-    if regs > MAX_TILE_REGISTERS:
-        return f"{regs} tile registers per consumer thread (S, P, O) exceed {MAX_TILE_REGISTERS}"
+    budget = CONSUMER_REGISTERS[cfg.consumers] - ADDRESSING_REGISTERS
+    if regs > budget:
+        return f"{regs} tile registers per consumer thread (S, P, O) exceed {budget} with {cfg.consumers} consumers"
     smem = sm90_smem_bytes(key, cfg)
     if smem > MAX_SMEM_PER_BLOCK[key.arch]:
         return f"shared memory {smem} B exceeds the {key.arch} limit of {MAX_SMEM_PER_BLOCK[key.arch]} B"
     return None
+
+
+def default_sm90_config(key: FwdKey) -> Sm90FwdConfig | None:
+    """The Hopper kernel's tiling for `key`, or None where it does not support the key. From the H200 sweep of
+    2026-11-30 (docs/benchmarks.md): 128-key steps up to head dim 128 (ping-pong neither helps nor hurts there,
+    176 keys spill at head dim 128), 64-key steps with ping-pong above (80 keys were 20% slower at 256)."""
+    cfg = Sm90FwdConfig(128, 2, pingpong=False) if key.head_dim <= 128 else Sm90FwdConfig(64, 2, pingpong=True)
+    return cfg if sm90_infeasible_reason(key, cfg) is None else None

@@ -28,7 +28,7 @@ DECODE_CONFIGS = ("m64n128w4s2", "m64n64w4s2", "m64n64w4s3")
 
 
 # `flash-gen bench --configs` tilings of the Hopper kernel (work in progress, issue 7).
-SM90_BENCH_CONFIGS = ("wgm128n128s2p", "wgm128n128s2", "wgm128n176s2p", "wgm128n64s2p", "wgm128n80s2p")
+SM90_BENCH_CONFIGS = ("wgm128n128s2p", "wgm128n128s3", "wgm192n128s2p", "wgm192n128s2", "wgm192n112s2p")
 
 
 def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvcache", "bench", "sm90")) -> set:
@@ -39,7 +39,8 @@ def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvca
     import test_kvcache_gpu as tk
     import test_varlen_gpu as tv
 
-    from flash_gen.spec import FwdKey, config_from_name, default_config
+    from flash_gen.fwd_tilings import config_from_name, default_config, infeasible_reason
+    from flash_gen.spec import FwdKey
     from flash_gen.spec_bwd import BwdKey, bwd_config_from_name, default_bwd_config
     from flash_gen.validate import derive_mask
 
@@ -95,13 +96,11 @@ def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvca
     if "sm90" in suites and arch == "sm90":  # tests/test_fwd_sm90_gpu.py and the Hopper kernel's bench tilings
         import test_fwd_sm90_gpu as ts
 
-        from flash_gen.spec_sm90 import sm90_config_from_name, sm90_infeasible_reason
-
         for dtype, d, name, mask_name, _, sq, sk, *_ in ts.CASES:
-            out.add((FwdKey(arch, dtype, d, derive_mask(*t.MASKS[mask_name], sq, sk)[0]), sm90_config_from_name(name)))
+            out.add((FwdKey(arch, dtype, d, derive_mask(*t.MASKS[mask_name], sq, sk)[0]), config_from_name(name)))
         for d, mask, name in itertools.product((64, 128, 256), ("none", "causal"), SM90_BENCH_CONFIGS):
-            key, cfg = FwdKey(arch, "bf16", d, mask), sm90_config_from_name(name)
-            if sm90_infeasible_reason(key, cfg) is None:
+            key, cfg = FwdKey(arch, "bf16", d, mask), config_from_name(name)
+            if infeasible_reason(key, cfg) is None:
                 out.add((key, cfg))
     if "fwd" in suites:
         for head_dim, names in t.CONFIGS.items():
@@ -119,16 +118,10 @@ def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvca
             out.update(default("bf16", 128, mask, kv=kv, split=split, pack=True) for kv in ("cache", "paged")
                        for split in (False, True))  # benchmarks/bench_decode.py (GQA 32/8)
     # Tilings the shipped tuning database picks for keys the suites use (the runtime prefers them).
-    from flash_gen.tuned import shipped
-    from flash_gen.spec import key_from_name
+    from flash_gen.tuned import live_configs
 
     used = {key.name for key, _ in out}
-    for name, buckets in shipped(arch).entries.items():
-        if name in used and name.startswith("fwd"):
-            out.update((key_from_name(name), config_from_name(e.config)) for e in buckets.values())
-        elif name in used:
-            bwd = next(k for k, _ in out if k.name == name)
-            out.update((bwd, bwd_config_from_name(e.config)) for e in buckets.values())
+    out.update((key, cfg) for key, cfg in live_configs(arch) if key.name in used)
     return out
 
 

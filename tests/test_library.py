@@ -7,10 +7,11 @@ import time
 
 import pytest
 
-from flash_gen import tuned
+from flash_gen import fwd_tilings, tuned
 from flash_gen.build import cache, library, make_library
 from flash_gen.gen import render
 from flash_gen.spec import FwdKey, config_from_name, default_config
+from flash_gen.spec_sm90 import Sm90FwdConfig
 
 
 @pytest.fixture
@@ -22,13 +23,11 @@ def helpers_only(monkeypatch):
                         lambda arch: [h for h in everything(arch) if h[1][0].endswith(("bf16", "bf16_preprocess"))])
 
 
-def test_plan_holds_defaults_and_every_tuned_variant():
+def test_plan_holds_defaults_and_every_live_tuned_variant():
     variants = set(make_library.plan("sm90"))
-    key = FwdKey("sm90", "bf16", 128, "causal")
-    assert (key, default_config(key)) in variants
-    for name, buckets in tuned.shipped("sm90").entries.items():
-        for entry in buckets.values():
-            assert any(k.name == name and c.name == entry.config for k, c in variants), (name, entry.config)
+    for key in (FwdKey("sm90", "bf16", 128, "causal"), FwdKey("sm90", "bf16", 96, "causal")):
+        assert (key, fwd_tilings.default_config(key)) in variants  # the Hopper kernel, the portable one
+    assert set(tuned.live_configs("sm90")) <= variants
     assert any(getattr(k, "kv", "") == "paged" and k.split and k.pack_gqa for k, _ in variants)  # decoding
 
 
@@ -72,10 +71,12 @@ def test_foreign_or_corrupt_entries_fall_back(tmp_path, monkeypatch, helpers_onl
 def test_cli_info_names_default_and_tuned_tilings(capsys):
     from flash_gen import cli
 
-    assert cli.main(["info", "fwd_sm90_bf16_hd256_causal"]) == 0
+    assert cli.main(["info", "fwd_sm90_bf16_hd96_causal"]) == 0
     out = capsys.readouterr().out
-    assert "default tiling m128n64w8s2" in out and "tuned s<=4k: m64n64w4s1" in out
-    assert config_from_name("m64n64w4s1")  # the tuned name parses
+    assert "default tiling m128n64w4s1_vlate" in out and "tuned s<=4k: m128n64w4s2 " in out
+    assert cli.main(["info", "fwd_sm90_bf16_hd256_causal"]) == 0  # tuned before the Hopper kernel: stale
+    out = capsys.readouterr().out
+    assert "default tiling wgm128n64s2p" in out and "tuned s<=4k: m64n64w4s1 (stale" in out
 
 
 def test_wheel_installs_and_is_discovered_in_a_fresh_venv(tmp_path, monkeypatch, helpers_only):
@@ -103,7 +104,7 @@ def test_wheel_installs_and_is_discovered_in_a_fresh_venv(tmp_path, monkeypatch,
 def test_dispatch_picks_the_tuned_tiling_per_bucket(monkeypatch):
     from flash_gen.runtime import fwd
 
-    key = FwdKey("sm90", "bf16", 64, "none")
+    key = FwdKey("sm90", "bf16", 64, "none", softcap=True)  # a portable-kernel key
     db = tuned.TunedDb("sm90")
     db.record(key.name, "s<=1k", tuned.Entry("m128n64w4s2_qreg", 1.0, "m128n64w4s1", 1.1, "gpu", "drv", "now", 3))
     monkeypatch.setattr(tuned, "shipped", lambda arch: db)
@@ -111,3 +112,20 @@ def test_dispatch_picks_the_tuned_tiling_per_bucket(monkeypatch):
     assert fwd._config(key, "s>4k") == default_config(key)  # no entry: the default
     monkeypatch.setenv("FLASH_GEN_FWD_CONFIG", "m64n64w4s1")  # a forced tiling wins
     assert fwd._config(key, "s<=1k") == config_from_name("m64n64w4s1")
+
+
+def test_dispatch_prefers_the_hopper_kernel_and_drops_stale_entries(monkeypatch):
+    """Dense sm90 keys the Hopper kernel supports get it by default; a database entry tuned against another
+    default (the portable kernel's, before the Hopper kernel existed) is stale and ignored."""
+    from flash_gen.runtime import fwd
+
+    key = FwdKey("sm90", "bf16", 64, "none")
+    assert isinstance(fwd._config(key, "s>4k"), Sm90FwdConfig)
+    db = tuned.TunedDb("sm90")
+    db.record(key.name, "s<=1k", tuned.Entry("m128n64w4s2_qreg", 1.0, "m128n64w4s1", 1.1, "gpu", "drv", "now", 3))
+    hopper = fwd_tilings.default_config(key)
+    db.record(key.name, "s>4k", tuned.Entry("wgm128n96s3", 1.0, hopper.name, 1.1, "gpu", "drv", "now", 3))
+    monkeypatch.setattr(tuned, "shipped", lambda arch: db)
+    assert fwd._config(key, "s<=1k") == hopper
+    assert fwd._config(key, "s>4k") == Sm90FwdConfig(96, 3, pingpong=False)
+    assert list(tuned.live_configs("sm90")) == [(key, Sm90FwdConfig(96, 3, pingpong=False))]

@@ -13,7 +13,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from flash_gen import spec, spec_bwd
+from flash_gen import spec, spec_bwd, spec_sm90
 from flash_gen import tuned as database
 from flash_gen.search import space
 from flash_gen.search.study import open_study
@@ -23,10 +23,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_space_is_the_templates_declaration():
-    fwd = space.Family("fwd", "sm90", "bf16", 128, "causal")
+    fwd = space.Family("fwd", "sm90", "bf16", 128, "causal")  # the Hopper kernel's keys search its own axes
+    portable = space.Family("fwd", "sm90", "bf16", 96, "causal")
     bwd = space.Family("bwd", "sm90", "bf16", 128, "causal")
-    assert space.axes(fwd) == spec.CONFIG_SPACE and space.axes(bwd) == spec_bwd.BWD_CONFIG_SPACE
-    for fam in (fwd, bwd, space.Family("decode", "sm90", "bf16", 128, "none")):
+    assert space.axes(fwd) == spec_sm90.SM90_CONFIG_SPACE and space.axes(portable) == spec.CONFIG_SPACE
+    assert space.axes(bwd) == spec_bwd.BWD_CONFIG_SPACE
+    for fam in (fwd, portable, bwd, space.Family("decode", "sm90", "bf16", 128, "none")):
         configs = list(space.feasible_configs(fam))
         total, kept = space.space_size(fam)
         assert 0 < kept == len(configs) < total  # the static model prunes, and keeps some
@@ -35,11 +37,13 @@ def test_space_is_the_templates_declaration():
 
 
 def test_static_model_rejects_before_compiling():
-    fam = space.Family("fwd", "sm90", "bf16", 256, "none")
-    too_big = spec.FwdConfig(128, 128, 8, 2)  # 256 KiB of shared memory
-    assert "shared memory" in space.infeasible(fam, too_big)
+    fam = space.Family("fwd", "sm90", "bf16", 96, "none")
+    too_big = spec.FwdConfig(128, 128, 8, 2)  # 256 KiB of shared memory at head dim 256
+    assert "shared memory" in space.infeasible(space.Family("fwd", "sm80", "bf16", 256, "none"), too_big)
     regs = spec.FwdConfig(128, 128, 4, 1)  # accumulators alone exceed the register budget
-    assert "registers" in space.infeasible(space.Family("fwd", "sm90", "bf16", 128, "none"), regs)
+    assert "registers" in space.infeasible(fam, regs)
+    hopper = space.Family("fwd", "sm90", "bf16", 256, "none")
+    assert "shared memory" in space.infeasible(hopper, spec_sm90.Sm90FwdConfig(64, 4))
 
 
 def test_suggest_draws_every_axis():

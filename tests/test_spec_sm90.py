@@ -14,7 +14,7 @@ from flash_gen.spec_sm90 import Sm90FwdConfig, sm90_config_from_name, sm90_infea
 
 
 def test_config_names_round_trip_and_other_names_are_not_sm90():
-    for cfg in (Sm90FwdConfig(), Sm90FwdConfig(176, 2), Sm90FwdConfig(64, 3, pingpong=False)):
+    for cfg in (Sm90FwdConfig(), Sm90FwdConfig(176, 2), Sm90FwdConfig(64, 3, pingpong=False, block_m=192)):
         assert sm90_config_from_name(cfg.name) == cfg
     assert sm90_config_from_name("m128n64w4s2") is None
 
@@ -26,6 +26,8 @@ def test_config_names_round_trip_and_other_names_are_not_sm90():
     (FwdKey("sm90", "bf16", 256), Sm90FwdConfig(128), "tile registers"),
     (FwdKey("sm90", "bf16", 64), Sm90FwdConfig(24), "multiple of 16"),
     (FwdKey("sm90", "bf16", 128), Sm90FwdConfig(128, 4), "shared memory"),
+    (FwdKey("sm90", "bf16", 128), Sm90FwdConfig(128, block_m=192), "3 consumers"),
+    (FwdKey("sm90", "bf16", 64), Sm90FwdConfig(block_m=256), "128 or 192"),
 ])
 def test_infeasible_reason_explains_rejections(key, cfg, reason):
     why = sm90_infeasible_reason(key, cfg)
@@ -34,7 +36,8 @@ def test_infeasible_reason_explains_rejections(key, cfg, reason):
 
 def test_renders_and_compiles_without_spills_on_wgmma(tmp_path, monkeypatch):
     monkeypatch.setenv("FLASH_GEN_CACHE_DIR", str(tmp_path))
-    variants = [(FwdKey("sm90", "bf16", 128, "causal"), Sm90FwdConfig()), (FwdKey("sm90", "fp16", 64), Sm90FwdConfig())]
+    variants = [(FwdKey("sm90", "bf16", 128, "causal"), Sm90FwdConfig()),
+                (FwdKey("sm90", "fp16", 64), Sm90FwdConfig(block_m=192))]  # three consumer warpgroups
     assert all(sm90_infeasible_reason(k, c) is None for k, c in variants)
     assert sm90_smem_bytes(*variants[0]) == 2 * 128 * (128 + 2 * 2 * 128) + 8 * (1 + 4 * 2)
     compiled = batches.compile_batch(variants)

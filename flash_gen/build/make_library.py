@@ -12,7 +12,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterator
 
-from flash_gen import spec, spec_bwd, tuned
+from flash_gen import fwd_tilings, spec, spec_bwd, tuned
 from flash_gen.build import cache, nvrtc
 from flash_gen.build.batches import compile_batch, plan_batches
 from flash_gen.build.library import Library, Record
@@ -29,17 +29,12 @@ def plan(arch: str) -> list[tuple]:
     out: set[tuple] = set()
     for dtype, hd, mask in itertools.product(spec.DTYPES, HEAD_DIMS, spec.MASKS):
         fwd, bwd = spec.FwdKey(arch, dtype, hd, mask), spec_bwd.BwdKey(arch, dtype, hd, mask)
-        out |= {(fwd, spec.default_config(fwd)), (bwd, spec_bwd.default_bwd_config(bwd))}
+        out |= {(fwd, fwd_tilings.default_config(fwd)), (bwd, spec_bwd.default_bwd_config(bwd))}
     for dtype, hd, mask, kv, split in itertools.product(spec.DTYPES, DECODE_HEAD_DIMS, ("none", "causal"),
                                                         ("cache", "paged"), (False, True)):
         key = spec.FwdKey(arch, dtype, hd, mask, kv=kv, split=split, pack_gqa=True)
-        out.add((key, spec.default_config(key)))
-    for name, buckets in tuned.shipped(arch).entries.items():
-        for entry in buckets.values():
-            if name.startswith("bwd"):
-                out.add((spec_bwd.bwd_key_from_name(name), spec_bwd.bwd_config_from_name(entry.config)))
-            else:
-                out.add((spec.key_from_name(name), spec.config_from_name(entry.config)))
+        out.add((key, fwd_tilings.default_config(key)))
+    out.update(tuned.live_configs(arch))
     return sorted(out, key=lambda v: render.entry_name(*v))
 
 
@@ -56,7 +51,7 @@ def helpers(arch: str) -> Iterator[tuple[Callable[[], str], list[str]]]:
 def _launch_shape(key, cfg) -> tuple[int, int]:
     if isinstance(key, spec_bwd.BwdKey):
         return spec_bwd.bwd_smem_bytes(key, cfg), cfg.num_threads
-    return spec.smem_bytes(key, cfg), cfg.num_threads
+    return fwd_tilings.smem_bytes(key, cfg), cfg.num_threads
 
 
 def _current(lib: Library, arch: str, entry: str, source_key: str) -> bool:

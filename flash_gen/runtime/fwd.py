@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-from flash_gen import settings
-from flash_gen.gen.render import combine_entry, entry_name, render_combine, render_fwd, render_fwd_sm90
+from flash_gen import fwd_tilings, settings
+from flash_gen.fwd_tilings import FwdTiling
+from flash_gen.gen.render import combine_entry, entry_name, render_combine, render_many
 from flash_gen.runtime import driver, loader, tma
 from flash_gen.runtime.score_params import (
     DTYPES,
@@ -24,17 +25,8 @@ from flash_gen.runtime.score_params import (
     set_strides,
     varlen_tiles,
 )
-from flash_gen.spec import (
-    FwdConfig,
-    FwdKey,
-    bucket_name,
-    config_from_name,
-    ctas_per_sm,
-    default_config,
-    infeasible_reason,
-    smem_bytes,
-)
-from flash_gen.spec_sm90 import Sm90FwdConfig, sm90_infeasible_reason, sm90_smem_bytes
+from flash_gen.spec import FwdConfig, FwdKey, bucket_name, ctas_per_sm
+from flash_gen.spec_sm90 import Sm90FwdConfig
 from flash_gen.tuned import tuned_config
 
 
@@ -102,7 +94,7 @@ class KvCache:
 
 def _variant(
     device: int, dtype: str, head_dim: int, mask: str, softcap: bool, alibi: bool, varlen: bool,
-    config: FwdConfig | Sm90FwdConfig | None, kv: str = "dense", split: bool = False, pack_gqa: bool = False,
+    config: FwdTiling | None, kv: str = "dense", split: bool = False, pack_gqa: bool = False,
     bucket: str = "",
 ) -> _Variant:
     lookup = (device, dtype, head_dim, mask, softcap, alibi, varlen, config, kv, split, pack_gqa, bucket)
@@ -111,25 +103,24 @@ def _variant(
         arch = driver.device_arch(device)
         key = FwdKey(arch, dtype, head_dim, mask, softcap, alibi, varlen, kv, split, pack_gqa)
         cfg = config or _config(key, bucket)
-        sm90 = isinstance(cfg, Sm90FwdConfig)  # the Hopper kernel (work in progress): only when forced
-        why = sm90_infeasible_reason(key, cfg) if sm90 else infeasible_reason(key, cfg)
+        why = fwd_tilings.infeasible_reason(key, cfg)
         if why is not None:
             raise ValueError(f"config: {cfg.name} cannot run {key.name}: {why}")
-        smem = sm90_smem_bytes(key, cfg) if sm90 else smem_bytes(key, cfg)
-        render = render_fwd_sm90 if sm90 else render_fwd
-        kernel = loader.get_kernel(lambda: render(key, cfg), entry_name(key, cfg), arch, smem, device)
+        smem = fwd_tilings.smem_bytes(key, cfg)
+        kernel = loader.get_kernel(lambda: render_many([(key, cfg)]), entry_name(key, cfg), arch, smem, device)
         var = _variants[lookup] = _Variant(kernel, cfg, smem)
     return var
 
 
-def _config(key: FwdKey, bucket: str) -> FwdConfig:
-    """FLASH_GEN_FWD_CONFIG where feasible, else the tuning database's entry for the bucket, else the default."""
+def _config(key: FwdKey, bucket: str) -> FwdTiling:
+    """FLASH_GEN_FWD_CONFIG where feasible, else the tuning database's entry for the bucket, else the default
+    (the Hopper kernel where it supports the key)."""
     forced = settings.fwd_config()
     if forced is not None:
-        cfg = config_from_name(forced)
-        if infeasible_reason(key, cfg) is None:
+        cfg = fwd_tilings.config_from_name(forced)
+        if fwd_tilings.infeasible_reason(key, cfg) is None:
             return cfg
-    return tuned_config(key, bucket) or default_config(key)
+    return tuned_config(key, bucket) or fwd_tilings.default_config(key)
 
 
 def attention_fwd(
@@ -146,7 +137,7 @@ def attention_fwd(
     cu_seqlens_k: torch.Tensor | None = None,
     block_table: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
-    config: FwdConfig | Sm90FwdConfig | None = None,
+    config: FwdTiling | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward attention on validated inputs; returns (out, softmax_lse).
 

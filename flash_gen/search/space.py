@@ -1,9 +1,11 @@
 """What one tune covers: a family (direction, arch, dtype, head dim, mask), its sequence-length buckets with
 their representative shapes, and the search space of the family's template.
 
-The axes and their constraints are the template's own declaration: flash_gen.spec.CONFIG_SPACE with
-infeasible_reason (forward and decoding) and flash_gen.spec_bwd.BWD_CONFIG_SPACE with bwd_infeasible_reason
-(backward), next to the config dataclasses the templates are rendered from. Must not import torch or optuna.
+The axes and their constraints are the template's own declaration, next to the config dataclasses the templates
+are rendered from: flash_gen.spec_sm90.SM90_CONFIG_SPACE (forward keys the Hopper kernel runs: the default's
+family is searched), flash_gen.spec.CONFIG_SPACE (other forward and decoding keys) and
+flash_gen.spec_bwd.BWD_CONFIG_SPACE (backward), each pruned by its infeasible_reason. Must not import torch or
+optuna.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from flash_gen import spec, spec_bwd
+from flash_gen import fwd_tilings, spec, spec_bwd, spec_sm90
 
 DIRECTIONS = ("fwd", "bwd", "decode")
 
@@ -96,25 +98,33 @@ def bucket_for(family_buckets: tuple[Bucket, ...], seqlen_k: int) -> Bucket:
     return family_buckets[-1]
 
 
+def _hopper(family: Family) -> bool:
+    return family.direction == "fwd" and spec_sm90.default_sm90_config(family.key) is not None
+
+
 def axes(family: Family) -> dict[str, tuple]:
     """The template's tunable axes for this family."""
-    return dict(spec_bwd.BWD_CONFIG_SPACE if family.direction == "bwd" else spec.CONFIG_SPACE)
+    if family.direction == "bwd":
+        return dict(spec_bwd.BWD_CONFIG_SPACE)
+    return dict(spec_sm90.SM90_CONFIG_SPACE if _hopper(family) else spec.CONFIG_SPACE)
 
 
-def make_config(family: Family, params: dict) -> spec.FwdConfig | spec_bwd.BwdConfig:
-    return spec_bwd.BwdConfig(**params) if family.direction == "bwd" else spec.FwdConfig(**params)
+def make_config(family: Family, params: dict) -> fwd_tilings.FwdTiling | spec_bwd.BwdConfig:
+    if family.direction == "bwd":
+        return spec_bwd.BwdConfig(**params)
+    return spec_sm90.Sm90FwdConfig(**params) if _hopper(family) else spec.FwdConfig(**params)
 
 
 def infeasible(family: Family, cfg) -> str | None:
     """The static model's verdict (shared memory, registers, divisibility) before anything compiles."""
     if family.direction == "bwd":
         return spec_bwd.bwd_infeasible_reason(family.key, cfg)
-    return spec.infeasible_reason(family.key, cfg)
+    return fwd_tilings.infeasible_reason(family.key, cfg)
 
 
 def default_config(family: Family):
     key = family.key
-    return spec_bwd.default_bwd_config(key) if family.direction == "bwd" else spec.default_config(key)
+    return spec_bwd.default_bwd_config(key) if family.direction == "bwd" else fwd_tilings.default_config(key)
 
 
 def feasible_configs(family: Family) -> Iterator:

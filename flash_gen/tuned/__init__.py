@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from flash_gen import spec, spec_bwd
+from flash_gen import fwd_tilings, spec, spec_bwd
 
 FORMAT = 1
 TUNED_DIR = Path(__file__).resolve().parent  # <arch>.json files sit next to this reader
@@ -88,13 +89,28 @@ def shipped(arch: str) -> TunedDb:
 
 
 def tuned_config(key, bucket: str):
-    """The tuned config for `key` in `bucket` (flash_gen.spec.bucket_name), or None. Entries the current
-    feasibility rules reject are ignored."""
+    """The tuned config for `key` in `bucket` (flash_gen.spec.bucket_name), or None."""
     entry = shipped(key.arch).lookup(key.name, bucket)
-    if entry is None:
-        return None
+    return None if entry is None else _live(key, entry)
+
+
+def live_configs(arch: str) -> Iterator[tuple]:
+    """(key, config) of every entry of the shipped database that tuned_config would return."""
+    for name, buckets in shipped(arch).entries.items():
+        key = spec_bwd.bwd_key_from_name(name) if name.startswith("bwd") else spec.key_from_name(name)
+        for entry in buckets.values():
+            cfg = _live(key, entry)
+            if cfg is not None:
+                yield key, cfg
+
+
+def _live(key, entry: Entry):
+    """The entry's config, or None where it is stale: tuned against another default than today's (a faster
+    kernel family or tiling has become the default since), or rejected by the current feasibility rules."""
     if isinstance(key, spec_bwd.BwdKey):
-        cfg = spec_bwd.bwd_config_from_name(entry.config)
-        return cfg if spec_bwd.bwd_infeasible_reason(key, cfg) is None else None
-    cfg = spec.config_from_name(entry.config)
-    return cfg if spec.infeasible_reason(key, cfg) is None else None
+        default, cfg = spec_bwd.default_bwd_config(key), spec_bwd.bwd_config_from_name(entry.config)
+        feasible = spec_bwd.bwd_infeasible_reason(key, cfg) is None
+    else:
+        default, cfg = fwd_tilings.default_config(key), fwd_tilings.config_from_name(entry.config)
+        feasible = fwd_tilings.infeasible_reason(key, cfg) is None
+    return cfg if feasible and entry.default_config == default.name else None

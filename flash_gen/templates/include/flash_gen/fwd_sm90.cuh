@@ -2,10 +2,11 @@
 //   warpgroup 0 (producer): one thread issues TMA loads of the Q tile and of K/V tiles into a kStages-deep ring of
 //     swizzled shared-memory buffers; full/empty mbarriers hand buffers to and from the consumers. It gives its
 //     registers to the consumers (setmaxnreg).
-//   warpgroups 1, 2 (consumers): 64 query rows each. S = Q K^T reads both operands from shared memory (SS),
+//   warpgroups 1..kConsumers (2 or 3): 64 query rows each. S = Q K^T reads both operands from shared memory (SS),
 //     O += P V takes P from registers (RS) and V read head-dim-major. Within a warpgroup the softmax of tile j runs
-//     while the tensor cores compute P_{j-1} V_{j-1} (intra-warpgroup overlap); with kPingPong the two warpgroups
-//     take turns issuing their GEMMs (named barriers), so one's softmax overlaps the other's GEMMs.
+//     while the tensor cores compute P_{j-1} V_{j-1} (intra-warpgroup overlap); with kPingPong the consumer
+//     warpgroups take turns issuing their GEMMs (named barriers), so one's softmax overlaps the others' GEMMs.
+// Under masks with a right bound, query tiles run longest first (blockIdx.x reversed) to shorten the tail.
 // Same FwdParams, masks and softmax conventions as the portable kernel (fwd_sm80.cuh): dense K/V, no
 // softcap/ALiBi/varlen yet; O is stored straight from the accumulators.
 #pragma once
@@ -19,16 +20,22 @@
 
 namespace flash_gen {
 
-template <class Element_, int kHeadDim_, int kBlockN_, int kStages_, bool kPingPong_, Mask kMask_>
+template <class Element_, int kHeadDim_, int kConsumers_, int kBlockN_, int kStages_, bool kPingPong_, Mask kMask_>
 struct Sm90FwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = 128;  // two consumer warpgroups x 64 rows (the wgmma M)
+  static constexpr int kConsumers = kConsumers_;  // consumer warpgroups
+  static constexpr int kBlockM = 64 * kConsumers;  // 64 rows (the wgmma M) per consumer warpgroup
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;  // K/V buffers in the ring
   static constexpr bool kPingPong = kPingPong_;
-  static constexpr int kNThreads = 384;  // producer + 2 consumer warpgroups
-  static constexpr int kConsumerThreads = 256;
+  static constexpr int kConsumerThreads = 128 * kConsumers;
+  static constexpr int kNThreads = 128 + kConsumerThreads;  // the producer warpgroup first
+  // setmaxnreg budgets (multiples of 8) filling the 64K-register file: producer + consumers.
+  static constexpr int kProducerRegs = kConsumers == 2 ? 24 : 32;
+  static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
+  static_assert(kConsumers == 2 || kConsumers == 3);
+  static_assert(128 * (kProducerRegs + kConsumers * kConsumerRegs) <= 65536);
   static constexpr Mask kMask = kMask_;
   static constexpr int kBoxCols = 64;  // a TMA box row is one 128-byte swizzle row
   static_assert(kHeadDim % kBoxCols == 0, "128-byte swizzled rows: head dim a multiple of 64");
@@ -37,11 +44,11 @@ struct Sm90FwdTraits {
   // Consumer warpgroup w computes rows [64w, 64w + 64) of both GEMMs.
   using MmaS = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockN>, Int<kHeadDim>>>(),
-      Layout<Shape<_2, _1, _1>>{}));
+      Layout<Shape<Int<kConsumers>, _1, _1>>{}));
   using MmaO = decltype(make_tiled_mma(
       GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockN>>, GMMA::Major::K,
                            GMMA::Major::MN>(),
-      Layout<Shape<_2, _1, _1>>{}));
+      Layout<Shape<Int<kConsumers>, _1, _1>>{}));
 
   // 8 rows x 64 elements atoms, 16-byte chunks XOR-swizzled: the layout TMA's 128-byte swizzle writes. Atoms run
   // down the rows first, so each 64-column slab of a tile is one contiguous TMA box.
@@ -140,7 +147,8 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
   Element* smem_v = smem_k + kStages * kBlockN * kD;
   Barriers& bars = *reinterpret_cast<Barriers*>(smem_v + kStages * kBlockN * kD);
 
-  const int m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
+  const int m_block = MaskBounds<T::kMask>::kRight ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const int head = blockIdx.y, batch = blockIdx.z;
   const int head_k = head / (p.nheads / p.nheads_k);
   const int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k;
   const int row0 = m_block * kBlockM;
@@ -168,15 +176,15 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
   __syncthreads();  // the last CTA-wide barrier: from here the warpgroups meet only through mbarriers
 
   if (threadIdx.x < 128) {
-    release_registers<24>();
+    release_registers<T::kProducerRegs>();
     if (threadIdx.x == 0 && n_min < n_max) {
       fwd_sm90_produce<T>(params, bars, smem_q, smem_k, smem_v, row0, head, head_k, batch, n_min, n_max);
     }
     return;
   }
-  claim_registers<240>();
+  claim_registers<T::kConsumerRegs>();
 
-  const int tidx = threadIdx.x - 128;  // consumer thread 0..255
+  const int tidx = threadIdx.x - 128;  // consumer thread
   const int wg = tidx / 128;
   const bool warp_leader = tidx % 32 == 0;
   Tensor sQ = make_tensor(make_smem_ptr(smem_q), typename T::SmemLayoutQ{});
@@ -211,15 +219,15 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
   // O only once the P V GEMM that still reads the old O has completed.
   Tensor correction = make_tensor<float>(Shape<Int<kRows>, _1>{});
 
-  // Ping-pong: warpgroup w may issue its GEMMs once the other one has issued its own (named barrier 1 + w, 256
-  // threads: 128 waiting here, 128 arriving from the other warpgroup). Warpgroup 0 goes first.
+  // Ping-pong: warpgroup w may issue its GEMMs once warpgroup w - 1 (round robin) has issued its own: named
+  // barrier 1 + w over 256 threads, 128 waiting here and 128 arriving from w - 1. Warpgroup 0 goes first.
   auto wait_turn = [&] {
-    if constexpr (T::kPingPong) named_barrier_sync(1 + wg, T::kConsumerThreads);
+    if constexpr (T::kPingPong) named_barrier_sync(1 + wg, 256);
   };
   auto pass_turn = [&] {
-    if constexpr (T::kPingPong) named_barrier_arrive(2 - wg, T::kConsumerThreads);
+    if constexpr (T::kPingPong) named_barrier_arrive(1 + (wg + 1) % T::kConsumers, 256);
   };
-  if (wg == 1) pass_turn();
+  if (wg == T::kConsumers - 1) pass_turn();
 
   // S_n = Q K_n^T, masked and turned into P_n in place (fp32), then converted to the P operand.
   auto scores = [&](int n) {
