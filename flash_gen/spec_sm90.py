@@ -84,8 +84,14 @@ def sm90_infeasible_reason(key: FwdKey, cfg: Sm90FwdConfig) -> str | None:
 
 
 def default_sm90_config(key: FwdKey) -> Sm90FwdConfig | None:
-    """The Hopper kernel's tiling for `key`, or None where it does not support the key. From the H200 sweep of
-    2026-11-30 (docs/benchmarks.md): 128-key steps up to head dim 128 (ping-pong neither helps nor hurts there,
-    176 keys spill at head dim 128), 64-key steps with ping-pong above (80 keys were 20% slower at 256)."""
-    cfg = Sm90FwdConfig(128, 2, pingpong=False) if key.head_dim <= 128 else Sm90FwdConfig(64, 2, pingpong=True)
+    """The Hopper kernel's tiling for `key`, or None where it does not support the key. From the H200 sweeps of
+    2026-11-30 (docs/benchmarks.md): at head dim 64 three consumer warpgroups (192 rows; 2-8% over 128 rows
+    without causal masking, even with it), 128-key steps up to 128 (ping-pong neither helps nor hurts there, 176
+    keys spill), 64-key steps with ping-pong above (80 keys were 20% slower at 256)."""
+    if key.head_dim <= 64:
+        cfg = Sm90FwdConfig(128, 2, pingpong=True, block_m=192)
+    elif key.head_dim <= 128:
+        cfg = Sm90FwdConfig(128, 2, pingpong=False)
+    else:
+        cfg = Sm90FwdConfig(64, 2, pingpong=True)
     return cfg if sm90_infeasible_reason(key, cfg) is None else None

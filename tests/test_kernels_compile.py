@@ -122,10 +122,10 @@ def test_batches_group_by_arch_and_head_dim():
 def test_cli_compile_writes_report_and_files(compiled, tmp_path, monkeypatch, capsys):
     """`flash-gen compile --out` prints the ptxas table and writes .cu/.ptx/.cubin (reusing the matrix's
     compile instead of compiling again)."""
-    key = FwdKey("sm80", "bf16", 64, "none")  # a portable-kernel default, so the matrix holds it
+    key = FwdKey("sm80", "bf16", 128, "causal")  # a portable-kernel default, so the matrix holds it
     done = compiled[key].result
     monkeypatch.setattr("flash_gen.build.nvrtc.compile_many", lambda *a, **k: [done])
-    rc = cli.main(["compile", "--arch", "sm80", "--hdim", "64", "--dtype", "bf16", "--mask", "none",
+    rc = cli.main(["compile", "--arch", "sm80", "--hdim", "128", "--dtype", "bf16", "--mask", "causal",
                    "--out", str(tmp_path), "-j", "1"])
     assert rc == 0
     entry = entry_name(key, default_config(key))

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from flash_gen import cli
-from flash_gen import tuned
-from flash_gen.spec import FwdKey, config_from_name, default_config
+from flash_gen import cli, tuned
+from flash_gen.fwd_tilings import config_from_name, default_config
+from flash_gen.spec import FwdKey
 
 pytestmark = pytest.mark.gpu
 

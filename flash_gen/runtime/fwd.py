@@ -26,7 +26,7 @@ from flash_gen.runtime.score_params import (
     varlen_tiles,
 )
 from flash_gen.spec import FwdConfig, FwdKey, bucket_name, ctas_per_sm
-from flash_gen.spec_sm90 import Sm90FwdConfig
+from flash_gen.spec_sm90 import ROWS_PER_CONSUMER, Sm90FwdConfig
 from flash_gen.tuned import tuned_config
 
 
@@ -59,11 +59,10 @@ class FwdParams(ctypes.Structure):
 
 class Sm90FwdParams(ctypes.Structure):
     """Mirror of flash_gen::Sm90FwdParams (templates/include/flash_gen/fwd_sm90_params.cuh): TMA maps of q, k, v,
-    then the portable kernel's parameters, padded to the maps' 64-byte alignment as the C++ struct is."""
+    o, then the portable kernel's parameters, padded to the maps' 64-byte alignment as the C++ struct is."""
 
-    _fields_ = [("tma_q", ctypes.c_uint8 * tma.MAP_BYTES), ("tma_k", ctypes.c_uint8 * tma.MAP_BYTES),
-                ("tma_v", ctypes.c_uint8 * tma.MAP_BYTES), ("base", FwdParams),
-                ("_pad", ctypes.c_uint8 * (-(3 * tma.MAP_BYTES + ctypes.sizeof(FwdParams)) % tma.MAP_ALIGN))]
+    _fields_ = [(f"tma_{t}", ctypes.c_uint8 * tma.MAP_BYTES) for t in "qkvo"] + [
+        ("base", FwdParams), ("_pad", ctypes.c_uint8 * (-(4 * tma.MAP_BYTES + ctypes.sizeof(FwdParams)) % tma.MAP_ALIGN))]
 
 
 class _Variant:
@@ -169,20 +168,21 @@ def attention_fwd(
     else:
         grid = (-(-seqlen_q // var.cfg.block_m), nheads, batch)
     if isinstance(var.cfg, Sm90FwdConfig):
-        p = _sm90_params(p, q, k, v, var.cfg)
+        p = _sm90_params(p, q, k, v, out, var.cfg)
     # The current stream's raw handle, as Inductor's generated code reads it: torch.cuda.current_stream() would
     # build a Stream object on every call.
     var.kernel.launch(grid, var.block, var.smem, torch._C._cuda_getCurrentRawStream(device), p)
     return out, lse
 
 
-def _sm90_params(p: FwdParams, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def _sm90_params(p: FwdParams, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                  cfg: Sm90FwdConfig) -> Sm90FwdParams:
-    """The Hopper kernel's parameters: `p` after TMA maps of q (boxes of a query tile's rows) and k, v (a key
-    tile's)."""
+    """The Hopper kernel's parameters: `p` after TMA maps of q (boxes of a query tile's rows), k, v (a key
+    tile's) and out (a consumer warpgroup's 64 rows)."""
     sp = Sm90FwdParams()
     sp.base = p
-    for field, t, rows in (("tma_q", q, cfg.block_m), ("tma_k", k, cfg.block_n), ("tma_v", v, cfg.block_n)):
+    for field, t, rows in (("tma_q", q, cfg.block_m), ("tma_k", k, cfg.block_n), ("tma_v", v, cfg.block_n),
+                           ("tma_o", out, ROWS_PER_CONSUMER)):
         tma.encode_rows(sp, getattr(Sm90FwdParams, field).offset, t, rows)
     return sp
 

@@ -8,7 +8,7 @@
 //     warpgroups take turns issuing their GEMMs (named barriers), so one's softmax overlaps the others' GEMMs.
 // Under masks with a right bound, query tiles run longest first (blockIdx.x reversed) to shorten the tail.
 // Same FwdParams, masks and softmax conventions as the portable kernel (fwd_sm80.cuh): dense K/V, no
-// softcap/ALiBi/varlen yet; O is stored straight from the accumulators.
+// softcap/ALiBi/varlen yet. O leaves through shared memory and TMA stores.
 #pragma once
 #include <cute/arch/mma_sm90.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
@@ -197,7 +197,7 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
   auto thr_o = mma_o.get_thread_slice(tidx);
   Tensor acc_o = partition_fragment_C(mma_o, Shape<Int<kBlockM>, Int<kD>>{});
   Tensor o_rc = make_tensor(acc_o.data(), gmma_rowcol(acc_o.layout()));
-  Tensor tOcO = thr_o.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kD>>{}));
+  Tensor tOcO = thr_o.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kD>>{}));  // rows for lse
   Tensor tOcO_rc = make_tensor(tOcO.data(), gmma_rowcol(tOcO.layout()));
   constexpr int kRows = decltype(size<0>(o_rc))::value;
   float row_max[kRows], row_sum[kRows];
@@ -293,26 +293,32 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
     release(bars.v_empty[last]);
   }
 
-  // Normalise, lse, then O straight from the accumulators (two adjacent columns per store).
+  // Epilogue: normalise and write lse; O goes through this warpgroup's 64 rows of the Q buffer (its last S GEMM
+  // has completed) and out with TMA stores, which skip rows past seqlen_q.
   float* lse_ptr = p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride;
-  auto* o_ptr = static_cast<Element*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride;
   CUTE_UNROLL
   for (int r = 0; r < kRows; ++r) {
     const float sum = quad_sum(row_sum[r]);
     const bool empty = sum == 0.f || sum != sum;
     const float inv = empty ? 1.f : 1.f / sum;
     const int row = row0 + get<0>(tOcO_rc(r, 0));
-    if (row >= seqlen_q) continue;
-    if (get<1>(tOcO_rc(r, 0)) == 0) {
+    if (row < seqlen_q && get<1>(tOcO_rc(r, 0)) == 0) {
       lse_ptr[row] = empty ? inf() : (row_max[r] * p.scale_log2 + log2f(sum)) * 0.69314718055994531f;
     }
-    Element* o_row = o_ptr + int64_t(row) * p.o_row_stride;
     CUTE_UNROLL
-    for (int c = 0; c < size<1>(o_rc); c += 2) {
-      const int col = get<1>(tOcO_rc(r, c));
-      Element pair[2] = {Element(o_rc(r, c) * inv), Element(o_rc(r, c + 1) * inv)};
-      *reinterpret_cast<uint32_t*>(o_row + col) = *reinterpret_cast<uint32_t*>(pair);
+    for (int c = 0; c < size<1>(o_rc); ++c) o_rc(r, c) *= inv;
+  }
+  Tensor sO = make_tensor(make_smem_ptr(smem_q), typename T::SmemLayoutQ{});
+  copy(convert_to<Element>(acc_o), thr_o.partition_C(sO));
+  fence_smem_for_async_proxy();  // the generic-proxy stores above, before TMA reads them
+  named_barrier_sync(T::kConsumers + 1 + wg, 128);  // ids after the ping-pong ones
+  if (tidx % 128 == 0) {
+    CUTE_UNROLL
+    for (int c = 0; c < kD / T::kBoxCols; ++c) {
+      tma_store_4d(params.tma_o, smem_q + c * kBlockM * T::kBoxCols + wg * 64 * T::kBoxCols, c * T::kBoxCols,
+                   row0 + 64 * wg, head, batch);
     }
+    tma_store_commit_and_wait();  // the stores have read shared memory before the CTA may exit
   }
 }
 

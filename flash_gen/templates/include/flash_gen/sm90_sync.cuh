@@ -63,6 +63,24 @@ __device__ __forceinline__ void tma_load_4d(const TensorMap& map, MBarrier& bar,
       : "memory");
 }
 
+// TMA: a box of shared memory to a 4-D tensor map at (c0 .. c3); rows past the tensor's extent are not written.
+__device__ __forceinline__ void tma_store_4d(const TensorMap& map, const void* smem, int c0, int c1, int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];" ::"l"(&map),
+      "r"(smem_u32(smem)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+
+// Commit this thread's TMA stores and wait until they have read their shared memory.
+__device__ __forceinline__ void tma_store_commit_and_wait() {
+  asm volatile("cp.async.bulk.commit_group;\ncp.async.bulk.wait_group.read 0;" ::: "memory");
+}
+
+// Orders this thread's generic-proxy shared-memory writes before later async-proxy (TMA, wgmma) reads.
+__device__ __forceinline__ void fence_smem_for_async_proxy() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
 // Named barriers (ids 1..15; 0 is __syncthreads) over `threads` threads, a multiple of 32.
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
