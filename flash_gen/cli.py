@@ -172,8 +172,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
     print(f"{key.name}: default tiling {default.name} ({default.num_threads} threads, {smem} B shared memory)")
     for bucket, e in sorted(tuned.shipped(key.arch).entries.get(key.name, {}).items()):
         stale = "" if tuned.tuned_config(key, bucket) else f" (stale: tuned against {e.default_config}, unused)"
-        print(f"  tuned {bucket}: {e.config}{stale} {e.ms:.3f} ms vs default {e.default_ms:.3f} ms ({e.speedup:.2f}x) on "
-              f"{e.gpu}, {e.date}")
+        print(f"  tuned {bucket}: {e.config}{stale} {e.ms:.3f} ms vs default {e.default_ms:.3f} ms ({e.speedup:.2f}x) "
+              f"on {e.gpu}, {e.date}")
     for lib in library.installed(key.arch):
         for r in lib.records.values():
             if r.key == key.name:

@@ -1,8 +1,8 @@
 """Hopper forward kernel (templates/include/flash_gen/fwd_sm90.cuh) identities: its tiling and what it supports.
 
-Work in progress for issue 7: a TMA producer warpgroup and two or three wgmma consumer warpgroups (64 query rows
-each) with intra-warpgroup overlap and optional ping-pong. Keys are the forward's FwdKey; only dense, unpacked keys without
-softcap/ALiBi/varlen on sm90 are supported so far. Must not import torch or cuda.
+Work in progress for issue 7: a TMA producer warpgroup and two or three wgmma consumer warpgroups (64 query
+rows each) with intra-warpgroup overlap and optional ping-pong. Keys are the forward's FwdKey; only dense, unpacked
+keys without softcap/ALiBi/varlen on sm90 are supported so far. Must not import torch or cuda.
 """
 
 from __future__ import annotations

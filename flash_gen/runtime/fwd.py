@@ -61,8 +61,8 @@ class Sm90FwdParams(ctypes.Structure):
     """Mirror of flash_gen::Sm90FwdParams (templates/include/flash_gen/fwd_sm90_params.cuh): TMA maps of q, k, v,
     o, then the portable kernel's parameters, padded to the maps' 64-byte alignment as the C++ struct is."""
 
-    _fields_ = [(f"tma_{t}", ctypes.c_uint8 * tma.MAP_BYTES) for t in "qkvo"] + [
-        ("base", FwdParams), ("_pad", ctypes.c_uint8 * (-(4 * tma.MAP_BYTES + ctypes.sizeof(FwdParams)) % tma.MAP_ALIGN))]
+    _fields_ = [(f"tma_{t}", ctypes.c_uint8 * tma.MAP_BYTES) for t in "qkvo"] + [("base", FwdParams)]
+    _fields_.append(("_pad", ctypes.c_uint8 * (-(4 * tma.MAP_BYTES + ctypes.sizeof(FwdParams)) % tma.MAP_ALIGN)))
 
 
 class _Variant:
@@ -156,8 +156,8 @@ def attention_fwd(
     device = q.device.index
     var = _variant(device, DTYPES[q.dtype], q.shape[-1], mask_kind(causal, window_size), softcap > 0,
                    alibi_slopes is not None, varlen, config, kv, bucket=bucket_name("fwd", seqlen_k))
-    p, out, lse = _params(q, k, v, out, batch, seqlen_k, causal=causal, window_size=window_size,
-                          softmax_scale=softmax_scale, softcap=softcap, alibi_slopes=alibi_slopes)
+    p, out, lse, shape = _params(q, k, v, out, batch, seqlen_k, causal=causal, window_size=window_size,
+                                 softmax_scale=softmax_scale, softcap=softcap, alibi_slopes=alibi_slopes)
     nheads, seqlen_q = q.shape[-2], q.shape[-3]
     if block_table is not None:
         p.block_table, p.block_table_stride = block_table.data_ptr(), block_table.stride(0)
@@ -168,22 +168,37 @@ def attention_fwd(
     else:
         grid = (-(-seqlen_q // var.cfg.block_m), nheads, batch)
     if isinstance(var.cfg, Sm90FwdConfig):
-        p = _sm90_params(p, q, k, v, out, var.cfg)
+        p = _sm90_params(p, shape, var, q, k, v, out)
     # The current stream's raw handle, as Inductor's generated code reads it: torch.cuda.current_stream() would
     # build a Stream object on every call.
     var.kernel.launch(grid, var.block, var.smem, torch._C._cuda_getCurrentRawStream(device), p)
     return out, lse
 
 
-def _sm90_params(p: FwdParams, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                 cfg: Sm90FwdConfig) -> Sm90FwdParams:
+_MAPS_BYTES = Sm90FwdParams.base.offset
+_MAPS_PER_SHAPE = 64  # address sets kept per shape (a training loop cycles through a few)
+
+
+def _sm90_params(p: FwdParams, shape: _Shape, var: _Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 out: torch.Tensor) -> Sm90FwdParams:
     """The Hopper kernel's parameters: `p` after TMA maps of q (boxes of a query tile's rows), k, v (a key
-    tile's) and out (a consumer warpgroup's 64 rows)."""
+    tile's) and out (a consumer warpgroup's 64 rows). A map depends only on the address, shape, strides, dtype
+    and box, so the encoded maps are kept per shape under (variant, addresses): a repeated call (the caching
+    allocator hands out the same blocks step after step) copies 512 bytes instead of encoding four maps."""
+    key = (var, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr())
+    maps = shape.maps.get(key)
+    if maps is None:
+        maps = (ctypes.c_uint8 * _MAPS_BYTES)()
+        cfg = var.cfg
+        for field, t, rows in (("tma_q", q, cfg.block_m), ("tma_k", k, cfg.block_n), ("tma_v", v, cfg.block_n),
+                               ("tma_o", out, ROWS_PER_CONSUMER)):
+            tma.encode_rows(maps, getattr(Sm90FwdParams, field).offset, t, rows)
+        if len(shape.maps) >= _MAPS_PER_SHAPE:
+            shape.maps.clear()
+        shape.maps[key] = maps
     sp = Sm90FwdParams()
+    ctypes.memmove(ctypes.addressof(sp), maps, _MAPS_BYTES)
     sp.base = p
-    for field, t, rows in (("tma_q", q, cfg.block_m), ("tma_k", k, cfg.block_n), ("tma_v", v, cfg.block_n),
-                           ("tma_o", out, ROWS_PER_CONSUMER)):
-        tma.encode_rows(sp, getattr(Sm90FwdParams, field).offset, t, rows)
     return sp
 
 
@@ -221,8 +236,8 @@ def attention_fwd_kvcache(
     m_blocks = -(-rows // cfg.block_m)
     splits = cache.num_splits or choose_num_splits(batch * tile_heads * m_blocks, -(-seqlen_k // cfg.block_n), slots)
     var = _variant(device, dtype, head_dim, mask, *feats, cfg, kv, splits > 1, pack)
-    p, out, lse = _params(q, k_cache, v_cache, None, batch, seqlen_k, causal=causal, window_size=window_size,
-                          softmax_scale=softmax_scale, softcap=softcap, alibi_slopes=alibi_slopes)
+    p, out, lse, _ = _params(q, k_cache, v_cache, None, batch, seqlen_k, causal=causal, window_size=window_size,
+                             softmax_scale=softmax_scale, softcap=softcap, alibi_slopes=alibi_slopes)
     for name, t in (("seqused_k", cache.seqused_k), ("leftpad_k", cache.leftpad_k),
                     ("kv_batch_idx", cache.batch_idx), ("block_table", cache.block_table)):
         if t is not None:
@@ -272,14 +287,24 @@ def _combine_kernel(device: int, dtype: str) -> driver.Kernel:
     return loader.get_kernel(lambda: render_combine(arch, dtype), combine_entry(arch, dtype), arch, 0, device)
 
 
-# Parameter structs by everything but the tensor addresses: a repeated shape copies one instead of setting ~30
-# ctypes fields. Cleared when full, so shapes that never repeat cannot grow it.
-_param_templates: dict[tuple, FwdParams] = {}
-_TEMPLATES_MAX = 256
+class _Shape:
+    """What a call's shapes, strides and score arguments fix: the parameter struct without tensor addresses (a
+    repeated shape copies it instead of setting ~30 ctypes fields), and the Hopper kernel's encoded TMA maps."""
+
+    __slots__ = ("params", "maps")
+
+    def __init__(self, params: FwdParams) -> None:
+        self.params, self.maps = params, {}
 
 
-def _params(q, k, v, out, batch: int, seqlen_k: int, **score) -> tuple[FwdParams, torch.Tensor, torch.Tensor]:
-    """The parameter fields every forward launch fills, with the output (allocated unless given) and lse."""
+# Cleared when full, so shapes that never repeat cannot grow it.
+_shapes: dict[tuple, _Shape] = {}
+_SHAPES_MAX = 256
+
+
+def _params(q, k, v, out, batch: int, seqlen_k: int, **score) -> tuple[FwdParams, torch.Tensor, torch.Tensor, _Shape]:
+    """The parameter fields every forward launch fills, with the output (allocated unless given), lse and the
+    call's _Shape."""
     *lead_q, nheads, _ = q.shape
     seqlen_q, nheads_k, varlen = lead_q[-1], k.shape[-2], q.dim() == 3
     if out is None:
@@ -289,8 +314,8 @@ def _params(q, k, v, out, batch: int, seqlen_k: int, **score) -> tuple[FwdParams
     alibi = score["alibi_slopes"]
     key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), out.stride(), batch, seqlen_k, score["causal"],
            score["window_size"], score["softmax_scale"], score["softcap"], None if alibi is None else alibi.stride())
-    template = _param_templates.get(key)
-    if template is None:
+    shape = _shapes.get(key)
+    if shape is None:
         check_grid(batch, nheads)
         template = FwdParams()
         for prefix, t in (("q", q), ("k", k), ("v", v), ("o", out)):
@@ -298,11 +323,11 @@ def _params(q, k, v, out, batch: int, seqlen_k: int, **score) -> tuple[FwdParams
         template.lse_batch_stride, template.lse_head_stride = (0, seqlen_q) if varlen else (nheads * seqlen_q, seqlen_q)
         set_score_fields(template, batch=batch, nheads=nheads, nheads_k=nheads_k, seqlen_q=seqlen_q,
                          seqlen_k=seqlen_k, **score)
-        if len(_param_templates) >= _TEMPLATES_MAX:
-            _param_templates.clear()
-        _param_templates[key] = template
-    p = FwdParams.from_buffer_copy(template)
+        if len(_shapes) >= _SHAPES_MAX:
+            _shapes.clear()
+        shape = _shapes[key] = _Shape(template)
+    p = FwdParams.from_buffer_copy(shape.params)
     p.q, p.k, p.v, p.o, p.lse = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr()
     if alibi is not None:
         p.alibi_slopes = alibi.data_ptr()
-    return p, out, lse
+    return p, out, lse, shape

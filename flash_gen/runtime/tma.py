@@ -3,7 +3,8 @@
 A map describes a (batch, seqlen, heads, head_dim) tensor to the TMA unit as 4-D (head_dim innermost) with a box
 of 64 columns (one 128-byte swizzled row, CU_TENSOR_MAP_SWIZZLE_128B) by a tile's rows; rows past seqlen arrive
 as zeros. Encoding goes through ctypes, like the launch (driver.py): cuda-bindings converts each argument in
-Python. Must not import anything under flash_gen.build.
+Python (the runtime keeps encoded maps per shape and addresses, flash_gen.runtime.fwd._sm90_params). Must not
+import anything under flash_gen.build.
 """
 
 from __future__ import annotations
