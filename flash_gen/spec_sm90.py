@@ -24,10 +24,12 @@ class Sm90FwdConfig:
     stages: int = 2  # K/V shared-memory buffers in the TMA ring
     pingpong: bool = True  # the consumer warpgroups take turns issuing GEMMs (one's softmax under the other's GEMMs)
     block_m: int = 128  # query rows per CTA: 64 per consumer warpgroup
+    persistent: bool = False  # one CTA per SM walks the query tiles (costs registers: state carried across tiles)
 
     @property
     def name(self) -> str:
-        return f"wgm{self.block_m}n{self.block_n}s{self.stages}" + ("p" if self.pingpong else "")
+        return (f"wgm{self.block_m}n{self.block_n}s{self.stages}" + ("p" if self.pingpong else "")
+                + ("_persist" if self.persistent else ""))
 
     @property
     def consumers(self) -> int:
@@ -44,18 +46,20 @@ SM90_CONFIG_SPACE = {
     "stages": (2, 3, 4),
     "pingpong": (False, True),
     "block_m": (128, 192),
+    "persistent": (False, True),
 }
 
 
 def sm90_config_from_name(name: str) -> Sm90FwdConfig | None:
     """Inverse of Sm90FwdConfig.name ("wgm128n128s2p"), or None for a name of another kernel family."""
-    m = re.fullmatch(r"wgm(\d+)n(\d+)s(\d+)(p?)", name)
-    return Sm90FwdConfig(int(m[2]), int(m[3]), bool(m[4]), int(m[1])) if m else None
+    m = re.fullmatch(r"wgm(\d+)n(\d+)s(\d+)(p?)(_persist)?", name)
+    return Sm90FwdConfig(int(m[2]), int(m[3]), bool(m[4]), int(m[1]), bool(m[5])) if m else None
 
 
 def sm90_smem_bytes(key: FwdKey, cfg: Sm90FwdConfig) -> int:
-    """Q plus `stages` K and V tiles (2-byte elements), then the mbarriers: Q full, K/V full and empty per stage."""
-    return 2 * key.head_dim * (cfg.block_m + 2 * cfg.stages * cfg.block_n) + BARRIER_BYTES * (1 + 4 * cfg.stages)
+    """Q plus `stages` K and V tiles (2-byte elements), then the mbarriers: Q full and empty, K/V full and empty
+    per stage."""
+    return 2 * key.head_dim * (cfg.block_m + 2 * cfg.stages * cfg.block_n) + BARRIER_BYTES * (2 + 4 * cfg.stages)
 
 
 def sm90_infeasible_reason(key: FwdKey, cfg: Sm90FwdConfig) -> str | None:
@@ -87,11 +91,13 @@ def default_sm90_config(key: FwdKey) -> Sm90FwdConfig | None:
     """The Hopper kernel's tiling for `key`, or None where it does not support the key. From the H200 sweeps of
     2026-11-30 (docs/benchmarks.md): at head dim 64 three consumer warpgroups (192 rows; 2-8% over 128 rows
     without causal masking, even with it), 128-key steps up to 128 (ping-pong neither helps nor hurts there, 176
-    keys spill), 64-key steps with ping-pong above (80 keys were 20% slower at 256)."""
+    keys spill), 64-key steps with ping-pong above (80 keys were 20% slower at 256). Persistent CTAs only at head
+    dim 128 without masking: 1-2% there, 10-15% slower under causal masking (the static tile order leaves SMs
+    idle), and at 64 and 256 they spill."""
     if key.head_dim <= 64:
         cfg = Sm90FwdConfig(128, 2, pingpong=True, block_m=192)
     elif key.head_dim <= 128:
-        cfg = Sm90FwdConfig(128, 2, pingpong=False)
+        cfg = Sm90FwdConfig(128, 2, pingpong=False, persistent=key.mask == "none")
     else:
         cfg = Sm90FwdConfig(64, 2, pingpong=True)
     return cfg if sm90_infeasible_reason(key, cfg) is None else None

@@ -34,6 +34,10 @@ CASES = [  # dtype, head dim, config, mask, batch, seqlen_q, seqlen_k, nheads, n
     ("bf16", 64, "wgm128n192s2p", "win32_0", 1, 257, 700, 4, 1),
     ("bf16", 256, "wgm128n64s2p", "none", 1, 200, 333, 2, 2),
     ("bf16", 256, "wgm128n80s2", "causal", 2, 333, 1200, 2, 1),
+    # persistent: more tiles than SMs (several per CTA), empty tiles (rows that see no key), GQA, local
+    ("bf16", 128, "wgm128n128s2_persist", "causal", 4, 1000, 700, 8, 2),
+    ("fp16", 64, "wgm192n128s2p_persist", "none", 3, 777, 555, 16, 16),
+    ("bf16", 256, "wgm128n64s2p_persist", "win32_0", 2, 300, 900, 4, 1),
 ]
 
 

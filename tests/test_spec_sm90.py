@@ -14,7 +14,8 @@ from flash_gen.spec_sm90 import Sm90FwdConfig, sm90_config_from_name, sm90_infea
 
 
 def test_config_names_round_trip_and_other_names_are_not_sm90():
-    for cfg in (Sm90FwdConfig(), Sm90FwdConfig(176, 2), Sm90FwdConfig(64, 3, pingpong=False, block_m=192)):
+    for cfg in (Sm90FwdConfig(), Sm90FwdConfig(176, 2), Sm90FwdConfig(64, 3, pingpong=False, block_m=192),
+                Sm90FwdConfig(128, 2, persistent=True)):
         assert sm90_config_from_name(cfg.name) == cfg
     assert sm90_config_from_name("m128n64w4s2") is None
 
@@ -39,7 +40,7 @@ def test_renders_and_compiles_without_spills_on_wgmma(tmp_path, monkeypatch):
     variants = [(FwdKey("sm90", "bf16", 128, "causal"), Sm90FwdConfig()),
                 (FwdKey("sm90", "fp16", 64), Sm90FwdConfig(block_m=192))]  # three consumer warpgroups
     assert all(sm90_infeasible_reason(k, c) is None for k, c in variants)
-    assert sm90_smem_bytes(*variants[0]) == 2 * 128 * (128 + 2 * 2 * 128) + 8 * (1 + 4 * 2)
+    assert sm90_smem_bytes(*variants[0]) == 2 * 128 * (128 + 2 * 2 * 128) + 8 * (2 + 4 * 2)
     compiled = batches.compile_batch(variants)
     for c in compiled:
         assert c.error is None, c.error

@@ -6,7 +6,9 @@
 //     O += P V takes P from registers (RS) and V read head-dim-major. Within a warpgroup the softmax of tile j runs
 //     while the tensor cores compute P_{j-1} V_{j-1} (intra-warpgroup overlap); with kPingPong the consumer
 //     warpgroups take turns issuing their GEMMs (named barriers), so one's softmax overlaps the others' GEMMs.
-// Under masks with a right bound, query tiles run longest first (blockIdx.x reversed) to shorten the tail.
+// With kPersistent one CTA per SM walks the query tiles (Sm90Tile), so a tile's Q and first K/V loads overlap the
+// previous tile's epilogue and no CTA launch sits between tiles; otherwise each CTA serves one tile (the loops
+// below run once, and the registers that carry state across tiles are free).
 // Same FwdParams, masks and softmax conventions as the portable kernel (fwd_sm80.cuh): dense K/V, no
 // softcap/ALiBi/varlen yet. O leaves through shared memory and TMA stores.
 #pragma once
@@ -20,7 +22,8 @@
 
 namespace flash_gen {
 
-template <class Element_, int kHeadDim_, int kConsumers_, int kBlockN_, int kStages_, bool kPingPong_, Mask kMask_>
+template <class Element_, int kHeadDim_, int kConsumers_, int kBlockN_, int kStages_, bool kPingPong_,
+          bool kPersistent_, Mask kMask_>
 struct Sm90FwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -29,6 +32,7 @@ struct Sm90FwdTraits {
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;  // K/V buffers in the ring
   static constexpr bool kPingPong = kPingPong_;
+  static constexpr bool kPersistent = kPersistent_;  // grid: min(tiles, SMs) instead of tiles
   static constexpr int kConsumerThreads = 128 * kConsumers;
   static constexpr int kNThreads = 128 + kConsumerThreads;  // the producer warpgroup first
   // setmaxnreg budgets (multiples of 8) filling the 64K-register file: producer + consumers.
@@ -60,7 +64,7 @@ struct Sm90FwdTraits {
       SmemLayoutKV{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{}, Step<_2, _1, _3>{})));
 
   struct Barriers {
-    MBarrier q_full, k_full[kStages], v_full[kStages], k_empty[kStages], v_empty[kStages];
+    MBarrier q_full, q_empty, k_full[kStages], v_full[kStages], k_empty[kStages], v_empty[kStages];
   };
   static constexpr int kQBytes = int(sizeof(Element)) * kBlockM * kHeadDim;
   static constexpr int kKVTileBytes = int(sizeof(Element)) * kBlockN * kHeadDim;
@@ -98,39 +102,71 @@ __device__ __forceinline__ auto gmma_acc_as_a(Layout const& l) {
                      make_layout(layout<0, 1>(cols), layout<2>(l)));
 }
 
-// The producer: Q once, then K and V of every key tile [n_min, n_max) into the ring, each waiting for its buffer
-// to be released. Run by a single thread.
+// One query tile of the schedule: CTA c serves tiles c (and with kPersistent c + gridDim.x, ...) in the order of a
+// (m_blocks, heads, batch) grid with m fastest, so the CTAs running at once share few (batch, head)s' K/V in L2.
+// Under masks with a right bound the m order is reversed (longest first) to shorten the tail.
+template <class T>
+struct Sm90Tile {
+  int m_block, head, head_k, batch, row0, n_min, n_max;
+
+  __device__ __forceinline__ Sm90Tile(FwdParams const& p, int m_blocks, int t) {
+    const int m = t % m_blocks, hb = t / m_blocks;
+    m_block = MaskBounds<T::kMask>::kRight ? m_blocks - 1 - m : m;
+    head = hb % p.nheads;
+    batch = hb / p.nheads;
+    head_k = head / (p.nheads / p.nheads_k);
+    row0 = m_block * T::kBlockM;
+    const int diag = p.seqlen_k - p.seqlen_q;
+    n_min = 0;
+    n_max = (p.seqlen_k + T::kBlockN - 1) / T::kBlockN;
+    if constexpr (MaskBounds<T::kMask>::kRight) {
+      const int last_col = min(row0 + T::kBlockM, p.seqlen_q) - 1 + diag + p.window_right;
+      n_max = min(n_max, max(0, last_col + T::kBlockN) / T::kBlockN);
+    }
+    if constexpr (MaskBounds<T::kMask>::kLeft) n_min = max(0, row0 + diag - p.window_left) / T::kBlockN;
+    n_max = max(n_min, n_max);  // an empty tile: no key steps, O = 0 and lse = +inf
+  }
+};
+
+// The producer (one thread): per tile, Q once its buffer is free again (the previous tile's O has left through
+// it), then K and V of every key step into the ring, each waiting for its buffer to be released. `it` counts
+// key steps over all tiles, as the consumers do, so both agree on every buffer's phase.
 template <class T>
 __device__ __forceinline__ void fwd_sm90_produce(Sm90FwdParams const& params, typename T::Barriers& bars,
                                                  typename T::Element* smem_q, typename T::Element* smem_k,
-                                                 typename T::Element* smem_v, int row0, int head, int head_k,
-                                                 int batch, int n_min, int n_max) {
+                                                 typename T::Element* smem_v, int m_blocks, int tiles) {
   constexpr int kBoxes = T::kHeadDim / T::kBoxCols, kBlockN = T::kBlockN;
   prefetch_tensor_map(params.tma_q);
   prefetch_tensor_map(params.tma_k);
   prefetch_tensor_map(params.tma_v);
-  bars.q_full.arrive_expect_tx(T::kQBytes);
-  CUTE_UNROLL
-  for (int c = 0; c < kBoxes; ++c) {
-    tma_load_4d(params.tma_q, bars.q_full, smem_q + c * T::kBlockM * T::kBoxCols, c * T::kBoxCols, row0, head, batch);
-  }
-  for (int n = n_min, it = 0; n < n_max; ++n, ++it) {
-    const int stage = it % T::kStages;
-    const uint32_t phase = (it / T::kStages) & 1;
-    const int offset = stage * kBlockN * T::kHeadDim;
-    bars.k_empty[stage].wait(phase ^ 1);
-    bars.k_full[stage].arrive_expect_tx(T::kKVTileBytes);
+  int it = 0;
+  for (int t = blockIdx.x, local = 0; t < tiles && (T::kPersistent || local == 0); t += gridDim.x, ++local) {
+    const Sm90Tile<T> tile(params.base, m_blocks, t);
+    bars.q_empty.wait((local & 1) ^ 1);
+    bars.q_full.arrive_expect_tx(T::kQBytes);
     CUTE_UNROLL
     for (int c = 0; c < kBoxes; ++c) {
-      tma_load_4d(params.tma_k, bars.k_full[stage], smem_k + offset + c * kBlockN * T::kBoxCols, c * T::kBoxCols,
-                  n * kBlockN, head_k, batch);
+      tma_load_4d(params.tma_q, bars.q_full, smem_q + c * T::kBlockM * T::kBoxCols, c * T::kBoxCols, tile.row0,
+                  tile.head, tile.batch);
     }
-    bars.v_empty[stage].wait(phase ^ 1);
-    bars.v_full[stage].arrive_expect_tx(T::kKVTileBytes);
-    CUTE_UNROLL
-    for (int c = 0; c < kBoxes; ++c) {
-      tma_load_4d(params.tma_v, bars.v_full[stage], smem_v + offset + c * kBlockN * T::kBoxCols, c * T::kBoxCols,
-                  n * kBlockN, head_k, batch);
+    for (int n = tile.n_min; n < tile.n_max; ++n, ++it) {
+      const int stage = it % T::kStages;
+      const uint32_t phase = (it / T::kStages) & 1;
+      const int offset = stage * kBlockN * T::kHeadDim;
+      bars.k_empty[stage].wait(phase ^ 1);
+      bars.k_full[stage].arrive_expect_tx(T::kKVTileBytes);
+      CUTE_UNROLL
+      for (int c = 0; c < kBoxes; ++c) {
+        tma_load_4d(params.tma_k, bars.k_full[stage], smem_k + offset + c * kBlockN * T::kBoxCols, c * T::kBoxCols,
+                    n * kBlockN, tile.head_k, tile.batch);
+      }
+      bars.v_empty[stage].wait(phase ^ 1);
+      bars.v_full[stage].arrive_expect_tx(T::kKVTileBytes);
+      CUTE_UNROLL
+      for (int c = 0; c < kBoxes; ++c) {
+        tma_load_4d(params.tma_v, bars.v_full[stage], smem_v + offset + c * kBlockN * T::kBoxCols, c * T::kBoxCols,
+                    n * kBlockN, tile.head_k, tile.batch);
+      }
     }
   }
 }
@@ -146,24 +182,13 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
   Element* smem_k = smem_q + kBlockM * kD;
   Element* smem_v = smem_k + kStages * kBlockN * kD;
   Barriers& bars = *reinterpret_cast<Barriers*>(smem_v + kStages * kBlockN * kD);
-
-  const int m_block = MaskBounds<T::kMask>::kRight ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-  const int head = blockIdx.y, batch = blockIdx.z;
-  const int head_k = head / (p.nheads / p.nheads_k);
-  const int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k;
-  const int row0 = m_block * kBlockM;
-  const int diag = seqlen_k - seqlen_q;
-
-  int n_min = 0, n_max = (seqlen_k + kBlockN - 1) / kBlockN;
-  if constexpr (MaskBounds<T::kMask>::kRight) {
-    const int last_col = min(row0 + kBlockM, seqlen_q) - 1 + diag + p.window_right;
-    n_max = min(n_max, max(0, last_col + kBlockN) / kBlockN);
-  }
-  if constexpr (MaskBounds<T::kMask>::kLeft) n_min = max(0, row0 + diag - p.window_left) / kBlockN;
+  const int m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
+  const int tiles = m_blocks * p.nheads * p.batch;
 
   constexpr int kConsumerWarps = T::kConsumerThreads / 32;
   if (threadIdx.x == 0) {
     bars.q_full.init(1);
+    bars.q_empty.init(T::kConsumers);
     CUTE_UNROLL
     for (int s = 0; s < kStages; ++s) {
       bars.k_full[s].init(1);
@@ -177,9 +202,7 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
 
   if (threadIdx.x < 128) {
     release_registers<T::kProducerRegs>();
-    if (threadIdx.x == 0 && n_min < n_max) {
-      fwd_sm90_produce<T>(params, bars, smem_q, smem_k, smem_v, row0, head, head_k, batch, n_min, n_max);
-    }
+    if (threadIdx.x == 0) fwd_sm90_produce<T>(params, bars, smem_q, smem_k, smem_v, m_blocks, tiles);
     return;
   }
   claim_registers<T::kConsumerRegs>();
@@ -201,12 +224,6 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
   Tensor tOcO_rc = make_tensor(tOcO.data(), gmma_rowcol(tOcO.layout()));
   constexpr int kRows = decltype(size<0>(o_rc))::value;
   float row_max[kRows], row_sum[kRows];
-  CUTE_UNROLL
-  for (int r = 0; r < kRows; ++r) {
-    row_max[r] = -inf();
-    row_sum[r] = 0.f;
-  }
-  clear(acc_o);
 
   Tensor tSrQ = thr_s.partition_fragment_A(sQ);  // smem descriptors
   Tensor tScS = thr_s.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
@@ -218,9 +235,11 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
   // Per-row rescale factors of O, captured by letting online_softmax_step "rescale" a column of ones; applied to
   // O only once the P V GEMM that still reads the old O has completed.
   Tensor correction = make_tensor<float>(Shape<Int<kRows>, _1>{});
+  const int diag = p.seqlen_k - p.seqlen_q;
 
   // Ping-pong: warpgroup w may issue its GEMMs once warpgroup w - 1 (round robin) has issued its own: named
-  // barrier 1 + w over 256 threads, 128 waiting here and 128 arriving from w - 1. Warpgroup 0 goes first.
+  // barrier 1 + w over 256 threads, 128 waiting here and 128 arriving from w - 1. Warpgroup 0 goes first. Every
+  // warpgroup issues as many GEMMs per tile, so the turns carry over from tile to tile.
   auto wait_turn = [&] {
     if constexpr (T::kPingPong) named_barrier_sync(1 + wg, 256);
   };
@@ -229,14 +248,6 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
   };
   if (wg == T::kConsumers - 1) pass_turn();
 
-  // S_n = Q K_n^T, masked and turned into P_n in place (fp32), then converted to the P operand.
-  auto scores = [&](int n) {
-    if (tile_is_cut<T::kMask>(row0, kBlockM, n * kBlockN, kBlockN, seqlen_k, diag, p.window_left, p.window_right)) {
-      mask_tile<T::kMask>(s_rc, tScS_rc, row0, n * kBlockN, seqlen_k, diag, p.window_left, p.window_right);
-    }
-    fill(correction, 1.f);
-    online_softmax_step(s_rc, correction, row_max, row_sum, p.scale_log2);
-  };
   auto rescale_o = [&] {
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
@@ -248,77 +259,102 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
     if (warp_leader) bar.arrive();
   };
 
-  if (n_min < n_max) {
-    bars.q_full.wait(0);
-    // Prologue: S of the first tile alone.
-    bars.k_full[0].wait(0);
-    wait_turn();
-    wgmma_issue<true>(mma_s, tSrQ, thr_s.partition_fragment_B(sK(_, _, 0)), acc_s);
-    pass_turn();
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(acc_s);
-    release(bars.k_empty[0]);
-    scores(n_min);
-    copy(convert_to<Element>(acc_s), p_frag);
+  int it = 0;  // key steps over all tiles, as the producer counts them
+  for (int t = blockIdx.x, local = 0; t < tiles && (T::kPersistent || local == 0); t += gridDim.x, ++local) {
+    const Sm90Tile<T> tile(p, m_blocks, t);
+    const int row0 = tile.row0;
+    // S_n = Q K_n^T, masked and turned into P_n in place (fp32).
+    auto scores = [&](int n) {
+      if (tile_is_cut<T::kMask>(row0, kBlockM, n * kBlockN, kBlockN, p.seqlen_k, diag, p.window_left,
+                                p.window_right)) {
+        mask_tile<T::kMask>(s_rc, tScS_rc, row0, n * kBlockN, p.seqlen_k, diag, p.window_left, p.window_right);
+      }
+      fill(correction, 1.f);
+      online_softmax_step(s_rc, correction, row_max, row_sum, p.scale_log2);
+    };
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      row_max[r] = -inf();
+      row_sum[r] = 0.f;
+    }
+    clear(acc_o);
+    bars.q_full.wait(local & 1);  // also for an empty tile: its O is staged where this Q lands
 
-    // Steady state: S_n on the tensor cores, then P_{n-1} V_{n-1}; the softmax of S_n runs while P V computes.
-    for (int n = n_min + 1, it = 1; n < n_max; ++n, ++it) {
-      const int stage = it % kStages, prev = (it - 1) % kStages;
-      const uint32_t phase = (it / kStages) & 1, prev_phase = ((it - 1) / kStages) & 1;
-      bars.k_full[stage].wait(phase);
+    if (tile.n_min < tile.n_max) {
+      // Prologue: S of the first key step alone.
+      int stage = it % kStages;
+      bars.k_full[stage].wait((it / kStages) & 1);
       wait_turn();
       wgmma_issue<true>(mma_s, tSrQ, thr_s.partition_fragment_B(sK(_, _, stage)), acc_s);
-      rescale_o();
-      bars.v_full[prev].wait(prev_phase);
-      warpgroup_fence_operand(tOrP);
-      wgmma_issue<false>(mma_o, tOrP, thr_o.partition_fragment_B(sVt(_, _, prev)), acc_o);
       pass_turn();
-      warpgroup_wait<1>();  // S_n done, P V still running
+      warpgroup_wait<0>();
       warpgroup_fence_operand(acc_s);
       release(bars.k_empty[stage]);
-      scores(n);
+      scores(tile.n_min);
+      copy(convert_to<Element>(acc_s), p_frag);
+
+      // Steady state: S_n on the tensor cores, then P_{n-1} V_{n-1}; the softmax of S_n runs while P V computes.
+      for (int n = tile.n_min + 1; n < tile.n_max; ++n) {
+        const int prev = stage;
+        const uint32_t prev_phase = (it / kStages) & 1;
+        ++it;
+        stage = it % kStages;
+        bars.k_full[stage].wait((it / kStages) & 1);
+        wait_turn();
+        wgmma_issue<true>(mma_s, tSrQ, thr_s.partition_fragment_B(sK(_, _, stage)), acc_s);
+        rescale_o();
+        bars.v_full[prev].wait(prev_phase);
+        warpgroup_fence_operand(tOrP);
+        wgmma_issue<false>(mma_o, tOrP, thr_o.partition_fragment_B(sVt(_, _, prev)), acc_o);
+        pass_turn();
+        warpgroup_wait<1>();  // S_n done, P V still running
+        warpgroup_fence_operand(acc_s);
+        release(bars.k_empty[stage]);
+        scores(n);
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(acc_o);
+        release(bars.v_empty[prev]);
+        copy(convert_to<Element>(acc_s), p_frag);
+      }
+      // P V of the last key step.
+      rescale_o();
+      bars.v_full[stage].wait((it / kStages) & 1);
+      warpgroup_fence_operand(tOrP);
+      wgmma_issue<false>(mma_o, tOrP, thr_o.partition_fragment_B(sVt(_, _, stage)), acc_o);
       warpgroup_wait<0>();
       warpgroup_fence_operand(acc_o);
-      release(bars.v_empty[prev]);
-      copy(convert_to<Element>(acc_s), p_frag);
+      release(bars.v_empty[stage]);
+      ++it;
     }
-    // Epilogue of the loop: P V of the last tile.
-    const int last = (n_max - n_min - 1) % kStages;
-    rescale_o();
-    bars.v_full[last].wait(((n_max - n_min - 1) / kStages) & 1);
-    warpgroup_fence_operand(tOrP);
-    wgmma_issue<false>(mma_o, tOrP, thr_o.partition_fragment_B(sVt(_, _, last)), acc_o);
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(acc_o);
-    release(bars.v_empty[last]);
-  }
 
-  // Epilogue: normalise and write lse; O goes through this warpgroup's 64 rows of the Q buffer (its last S GEMM
-  // has completed) and out with TMA stores, which skip rows past seqlen_q.
-  float* lse_ptr = p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride;
-  CUTE_UNROLL
-  for (int r = 0; r < kRows; ++r) {
-    const float sum = quad_sum(row_sum[r]);
-    const bool empty = sum == 0.f || sum != sum;
-    const float inv = empty ? 1.f : 1.f / sum;
-    const int row = row0 + get<0>(tOcO_rc(r, 0));
-    if (row < seqlen_q && get<1>(tOcO_rc(r, 0)) == 0) {
-      lse_ptr[row] = empty ? inf() : (row_max[r] * p.scale_log2 + log2f(sum)) * 0.69314718055994531f;
-    }
+    // Epilogue: normalise and write lse; O goes through this warpgroup's 64 rows of the Q buffer (its last S GEMM
+    // of the tile has completed) and out with TMA stores, which skip rows past seqlen_q. Once they have read the
+    // buffer, the warpgroup hands it back to the producer for the next tile's Q.
+    float* lse_ptr = p.lse + tile.batch * p.lse_batch_stride + tile.head * p.lse_head_stride;
     CUTE_UNROLL
-    for (int c = 0; c < size<1>(o_rc); ++c) o_rc(r, c) *= inv;
-  }
-  Tensor sO = make_tensor(make_smem_ptr(smem_q), typename T::SmemLayoutQ{});
-  copy(convert_to<Element>(acc_o), thr_o.partition_C(sO));
-  fence_smem_for_async_proxy();  // the generic-proxy stores above, before TMA reads them
-  named_barrier_sync(T::kConsumers + 1 + wg, 128);  // ids after the ping-pong ones
-  if (tidx % 128 == 0) {
-    CUTE_UNROLL
-    for (int c = 0; c < kD / T::kBoxCols; ++c) {
-      tma_store_4d(params.tma_o, smem_q + c * kBlockM * T::kBoxCols + wg * 64 * T::kBoxCols, c * T::kBoxCols,
-                   row0 + 64 * wg, head, batch);
+    for (int r = 0; r < kRows; ++r) {
+      const float sum = quad_sum(row_sum[r]);
+      const bool empty = sum == 0.f || sum != sum;
+      const float inv = empty ? 1.f : 1.f / sum;
+      const int row = row0 + get<0>(tOcO_rc(r, 0));
+      if (row < p.seqlen_q && get<1>(tOcO_rc(r, 0)) == 0) {
+        lse_ptr[row] = empty ? inf() : (row_max[r] * p.scale_log2 + log2f(sum)) * 0.69314718055994531f;
+      }
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(o_rc); ++c) o_rc(r, c) *= inv;
     }
-    tma_store_commit_and_wait();  // the stores have read shared memory before the CTA may exit
+    copy(convert_to<Element>(acc_o), thr_o.partition_C(sQ));
+    fence_smem_for_async_proxy();  // the generic-proxy stores above, before TMA reads them
+    named_barrier_sync(T::kConsumers + 1 + wg, 128);  // ids after the ping-pong ones
+    if (tidx % 128 == 0) {
+      CUTE_UNROLL
+      for (int c = 0; c < kD / T::kBoxCols; ++c) {
+        tma_store_4d(params.tma_o, smem_q + c * kBlockM * T::kBoxCols + wg * 64 * T::kBoxCols, c * T::kBoxCols,
+                     row0 + 64 * wg, tile.head, tile.batch);
+      }
+      tma_store_commit_and_wait();  // the stores have read shared memory
+      bars.q_empty.arrive();
+    }
   }
 }
 
