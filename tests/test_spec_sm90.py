@@ -1,6 +1,6 @@
-"""CPU checks of the Hopper (wgmma) forward kernel, work in progress for issue 7: its tiling identities, and that
-it renders and compiles with NVRTC for sm_90a without spills, both GEMMs on wgmma (SASS, which shows HGMMA, is
-checked on the GPU machine in tests/test_fwd_sm90_gpu.py)."""
+"""CPU checks of the Hopper (TMA + wgmma) forward kernel (issue 7): its tiling identities, and that it renders and
+compiles with NVRTC for sm_90a without spills, with TMA loads, wgmma for both GEMMs and setmaxnreg (the SASS,
+which shows HGMMA and UTMALDG, is checked on the GPU machine in tests/test_fwd_sm90_gpu.py)."""
 
 from __future__ import annotations
 

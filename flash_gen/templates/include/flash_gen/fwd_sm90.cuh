@@ -152,21 +152,18 @@ __device__ __forceinline__ void fwd_sm90_produce(Sm90FwdParams const& params, ty
     for (int n = tile.n_min; n < tile.n_max; ++n, ++it) {
       const int stage = it % T::kStages;
       const uint32_t phase = (it / T::kStages) & 1;
-      const int offset = stage * kBlockN * T::kHeadDim;
-      bars.k_empty[stage].wait(phase ^ 1);
-      bars.k_full[stage].arrive_expect_tx(T::kKVTileBytes);
-      CUTE_UNROLL
-      for (int c = 0; c < kBoxes; ++c) {
-        tma_load_4d(params.tma_k, bars.k_full[stage], smem_k + offset + c * kBlockN * T::kBoxCols, c * T::kBoxCols,
-                    n * kBlockN, tile.head_k, tile.batch);
-      }
-      bars.v_empty[stage].wait(phase ^ 1);
-      bars.v_full[stage].arrive_expect_tx(T::kKVTileBytes);
-      CUTE_UNROLL
-      for (int c = 0; c < kBoxes; ++c) {
-        tma_load_4d(params.tma_v, bars.v_full[stage], smem_v + offset + c * kBlockN * T::kBoxCols, c * T::kBoxCols,
-                    n * kBlockN, tile.head_k, tile.batch);
-      }
+      // Key step n of K or V into its stage buffer, once the consumers have released it.
+      auto load = [&](const TensorMap& map, MBarrier& full, MBarrier& empty, typename T::Element* smem) {
+        empty.wait(phase ^ 1);
+        full.arrive_expect_tx(T::kKVTileBytes);
+        CUTE_UNROLL
+        for (int c = 0; c < kBoxes; ++c) {
+          tma_load_4d(map, full, smem + stage * kBlockN * T::kHeadDim + c * kBlockN * T::kBoxCols, c * T::kBoxCols,
+                      n * kBlockN, tile.head_k, tile.batch);
+        }
+      };
+      load(params.tma_k, bars.k_full[stage], bars.k_empty[stage], smem_k);
+      load(params.tma_v, bars.v_full[stage], bars.v_empty[stage], smem_v);
     }
   }
 }
