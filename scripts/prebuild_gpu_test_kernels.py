@@ -96,8 +96,10 @@ def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvca
     if "sm90" in suites and arch == "sm90":  # tests/test_fwd_sm90_gpu.py and the Hopper kernel's bench tilings
         import test_fwd_sm90_gpu as ts
 
-        for dtype, d, name, mask_name, _, sq, sk, *_ in ts.CASES:
-            out.add((FwdKey(arch, dtype, d, derive_mask(*t.MASKS[mask_name], sq, sk)[0]), config_from_name(name)))
+        for dtype, d, name, mask_name, _, sq, sk, _, _, feature in ts.CASES:
+            mask = derive_mask(*t.MASKS[mask_name], sq, sk)[0]
+            key = FwdKey(arch, dtype, d, mask, feature == "softcap", feature.startswith("alibi"))
+            out.add((key, config_from_name(name)))
         for d, mask, name in itertools.product((64, 128, 256), ("none", "causal"), SM90_BENCH_CONFIGS):
             key, cfg = FwdKey(arch, "bf16", d, mask), config_from_name(name)
             if infeasible_reason(key, cfg) is None:

@@ -27,44 +27,57 @@ pytestmark = [
                        reason="needs an sm_90 GPU"),
 ]
 
-CASES = [  # dtype, head dim, config, mask, batch, seqlen_q, seqlen_k, nheads, nheads_k
-    ("bf16", 128, "wgm128n128s2p", "none", 2, 300, 517, 4, 2),
-    ("bf16", 128, "wgm128n128s2", "causal", 2, 517, 300, 4, 4),
-    ("bf16", 128, "wgm128n176s2p", "causal", 1, 1000, 1000, 2, 1),
-    ("fp16", 128, "wgm128n128s3p", "none", 1, 1, 2000, 2, 2),
-    ("fp16", 64, "wgm128n128s2p", "none", 3, 129, 1, 2, 2),
-    ("bf16", 64, "wgm128n192s2p", "win32_0", 1, 257, 700, 4, 1),
-    ("bf16", 256, "wgm128n64s2p", "none", 1, 200, 333, 2, 2),
-    ("bf16", 256, "wgm128n80s2", "causal", 2, 333, 1200, 2, 1),
+CASES = [  # dtype, head dim, config, mask, batch, seqlen_q, seqlen_k, nheads, nheads_k, feature
+    ("bf16", 128, "wgm128n128s2p", "none", 2, 300, 517, 4, 2, ""),
+    ("bf16", 128, "wgm128n128s2", "causal", 2, 517, 300, 4, 4, ""),
+    ("bf16", 128, "wgm128n176s2p", "causal", 1, 1000, 1000, 2, 1, ""),
+    ("fp16", 128, "wgm128n128s3p", "none", 1, 1, 2000, 2, 2, ""),
+    ("fp16", 64, "wgm128n128s2p", "none", 3, 129, 1, 2, 2, ""),
+    ("bf16", 64, "wgm128n192s2p", "win32_0", 1, 257, 700, 4, 1, ""),
+    ("bf16", 256, "wgm128n64s2p", "none", 1, 200, 333, 2, 2, ""),
+    ("bf16", 256, "wgm128n80s2", "causal", 2, 333, 1200, 2, 1, ""),
     # persistent: more tiles than SMs (several per CTA), empty tiles (rows that see no key), GQA, local
-    ("bf16", 128, "wgm128n128s2_persist", "causal", 4, 1000, 700, 8, 2),
-    ("fp16", 64, "wgm192n128s2p_persist", "none", 3, 777, 555, 16, 16),
-    ("bf16", 256, "wgm128n64s2p_persist", "win32_0", 2, 300, 900, 4, 1),
+    ("bf16", 128, "wgm128n128s2_persist", "causal", 4, 1000, 700, 8, 2, ""),
+    ("fp16", 64, "wgm192n128s2p_persist", "none", 3, 777, 555, 16, 16, ""),
+    ("bf16", 256, "wgm128n64s2p_persist", "win32_0", 2, 300, 900, 4, 1, ""),
+    # score modifiers (softcap; ALiBi slopes per head or per batch entry and head)
+    ("bf16", 128, "wgm128n128s2", "causal", 2, 300, 517, 4, 2, "softcap"),
+    ("fp16", 64, "wgm192n128s2p", "none", 1, 257, 700, 4, 1, "alibi"),
+    ("bf16", 256, "wgm128n64s2p", "win32_0", 2, 333, 500, 2, 2, "alibi_batch"),
+    ("bf16", 128, "wgm128n128s2_persist", "none", 2, 700, 300, 8, 8, "softcap"),
 ]
 
 
-def _run(q, k, v, cfg: Sm90FwdConfig, causal: bool, window):
+SOFTCAP = 5.0  # small enough that the cap bends the scores of unit-variance inputs
+
+
+def _run(q, k, v, cfg: Sm90FwdConfig, causal: bool, window, softcap: float = 0.0, alibi_slopes=None):
     """The runtime's forward forced to the Hopper kernel, output poisoned with NaN."""
     from flash_gen.runtime.fwd import attention_fwd
 
-    args = validate_fwd(q, k, v, causal=causal, window_size=window)
+    args = validate_fwd(q, k, v, causal=causal, window_size=window, softcap=softcap, alibi_slopes=alibi_slopes)
     out = torch.full_like(q, float("nan"))
     return attention_fwd(q, k, v, softmax_scale=args.softmax_scale, causal=args.causal, window_size=args.window_size,
-                         softcap=0.0, alibi_slopes=None, out=out, config=cfg)
+                         softcap=args.softcap, alibi_slopes=alibi_slopes, out=out, config=cfg)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
 def test_sm90_forward_matches_reference(case):
-    dtype, d, name, mask, b, sq, sk, h, hk = case
+    dtype, d, name, mask, b, sq, sk, h, hk, feature = case
     seed = fresh_seed()
     gen = torch.Generator(device="cuda").manual_seed(seed)
     q, k, v = (torch.randn(b, s, n, d, generator=gen, device="cuda", dtype=DTYPES[dtype])
                for s, n in ((sq, h), (sk, hk), (sk, hk)))
     causal, window = MASKS[mask]
-    out, lse = _run(q, k, v, sm90_config_from_name(name), causal, window)
+    softcap = SOFTCAP if feature == "softcap" else 0.0
+    slopes = None
+    if feature.startswith("alibi"):
+        shape = (b, h) if feature == "alibi_batch" else (h,)
+        slopes = torch.rand(shape, generator=gen, device="cuda", dtype=torch.float32) * 0.3
+    out, lse = _run(q, k, v, sm90_config_from_name(name), causal, window, softcap, slopes)
     where = f"{case} seed={seed}"
     assert not out.isnan().any(), f"{where}: {int(out.isnan().sum())} outputs never written (still NaN)"
-    ref = dict(scale=d**-0.5, causal=causal, window=window, softcap=0.0, alibi_slopes=None)
+    ref = dict(scale=d**-0.5, causal=causal, window=window, softcap=softcap, alibi_slopes=slopes)
     out64, lse64 = attention_ref(q, k, v, **ref, upcast=True)
     out_low, _ = attention_ref(q, k, v, **ref, upcast=False)
     err = (out.double() - out64).abs().max().item()

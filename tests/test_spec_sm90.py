@@ -23,7 +23,7 @@ def test_config_names_round_trip_and_other_names_are_not_sm90():
 @pytest.mark.parametrize("key,cfg,reason", [
     (FwdKey("sm80", "bf16", 128), Sm90FwdConfig(), "sm90"),
     (FwdKey("sm90", "bf16", 96), Sm90FwdConfig(), "multiple of 64"),
-    (FwdKey("sm90", "bf16", 128, softcap=True), Sm90FwdConfig(), "softcap"),
+    (FwdKey("sm90", "bf16", 128, varlen=True), Sm90FwdConfig(), "varlen"),
     (FwdKey("sm90", "bf16", 256), Sm90FwdConfig(128), "tile registers"),
     (FwdKey("sm90", "bf16", 64), Sm90FwdConfig(24), "multiple of 16"),
     (FwdKey("sm90", "bf16", 128), Sm90FwdConfig(128, 4), "shared memory"),
@@ -38,7 +38,8 @@ def test_infeasible_reason_explains_rejections(key, cfg, reason):
 def test_renders_and_compiles_without_spills_on_wgmma(tmp_path, monkeypatch):
     monkeypatch.setenv("FLASH_GEN_CACHE_DIR", str(tmp_path))
     variants = [(FwdKey("sm90", "bf16", 128, "causal"), Sm90FwdConfig()),
-                (FwdKey("sm90", "fp16", 64), Sm90FwdConfig(block_m=192))]  # three consumer warpgroups
+                (FwdKey("sm90", "fp16", 64), Sm90FwdConfig(block_m=192)),  # three consumer warpgroups
+                (FwdKey("sm90", "fp16", 64, "local", softcap=True, alibi=True), Sm90FwdConfig())]
     assert all(sm90_infeasible_reason(k, c) is None for k, c in variants)
     assert sm90_smem_bytes(*variants[0]) == 2 * 128 * (128 + 2 * 2 * 128) + 8 * (2 + 4 * 2)
     compiled = batches.compile_batch(variants)

@@ -6,6 +6,7 @@
 #include "flash_gen/attn_mask.cuh"
 #include "flash_gen/fwd_params.cuh"
 #include "flash_gen/kv_cache.cuh"
+#include "flash_gen/score_mods.cuh"
 #include "flash_gen/seq_info.cuh"
 #include "flash_gen/sm80_ldsm.cuh"
 #include "flash_gen/sm80_utils.cuh"
@@ -352,11 +353,7 @@ __device__ __forceinline__ void fwd_kernel(FwdParams const& p) {
     if constexpr (T::kStages == 1 && !T::kLateVWait) wait_v_load_next_k(n);
 
     Tensor s = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));
-    if constexpr (T::kSoftcap) {
-      CUTE_UNROLL
-      for (int i = 0; i < size(s); ++i) s(i) = tanhf(s(i) * p.score_scale);
-    }
-    if constexpr (T::kAlibi) add_alibi(s, tScS_rc, row0, n * kBlockN, diag, slope);
+    apply_score_mods<T::kSoftcap, T::kAlibi>(s, tScS_rc, row0, n * kBlockN, diag, p.score_scale, slope);
     // Per-element masking only where this tile crosses the sequence end or a mask boundary.
     if constexpr (T::kPackGqa) {
       if (tile_is_cut<T::kMask>(pos0, pos_last - pos0 + 1, n * kBlockN, kBlockN, seqlen_k, diag, p.window_left,

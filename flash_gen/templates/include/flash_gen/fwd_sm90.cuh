@@ -9,21 +9,22 @@
 // With kPersistent one CTA per SM walks the query tiles (Sm90Tile), so a tile's Q and first K/V loads overlap the
 // previous tile's epilogue and no CTA launch sits between tiles; otherwise each CTA serves one tile (the loops
 // below run once, and the registers that carry state across tiles are free).
-// Same FwdParams, masks and softmax conventions as the portable kernel (fwd_sm80.cuh): dense K/V, no
-// softcap/ALiBi/varlen yet. O leaves through shared memory and TMA stores.
+// Same FwdParams, masks, score modifiers (softcap, ALiBi) and softmax conventions as the portable kernel
+// (fwd_sm80.cuh); dense K/V only (no varlen or KV cache yet). O leaves through shared memory and TMA stores.
 #pragma once
 #include <cute/arch/mma_sm90.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 
 #include "flash_gen/attn_mask.cuh"
 #include "flash_gen/fwd_sm90_params.cuh"
+#include "flash_gen/score_mods.cuh"
 #include "flash_gen/sm80_utils.cuh"
 #include "flash_gen/sm90_sync.cuh"
 
 namespace flash_gen {
 
 template <class Element_, int kHeadDim_, int kConsumers_, int kBlockN_, int kStages_, bool kPingPong_,
-          bool kPersistent_, Mask kMask_>
+          bool kPersistent_, Mask kMask_, bool kSoftcap_, bool kAlibi_>
 struct Sm90FwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -41,6 +42,8 @@ struct Sm90FwdTraits {
   static_assert(kConsumers == 2 || kConsumers == 3);
   static_assert(128 * (kProducerRegs + kConsumers * kConsumerRegs) <= 65536);
   static constexpr Mask kMask = kMask_;
+  static constexpr bool kSoftcap = kSoftcap_;
+  static constexpr bool kAlibi = kAlibi_;
   static constexpr int kBoxCols = 64;  // a TMA box row is one 128-byte swizzle row
   static_assert(kHeadDim % kBoxCols == 0, "128-byte swizzled rows: head dim a multiple of 64");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma N and TMA box rows");
@@ -260,8 +263,11 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
   for (int t = blockIdx.x, local = 0; t < tiles && (T::kPersistent || local == 0); t += gridDim.x, ++local) {
     const Sm90Tile<T> tile(p, m_blocks, t);
     const int row0 = tile.row0;
-    // S_n = Q K_n^T, masked and turned into P_n in place (fp32).
+    float slope = 0.f;
+    if constexpr (T::kAlibi) slope = p.alibi_slopes[tile.batch * p.alibi_batch_stride + tile.head] * p.alibi_scale;
+    // S_n = Q K_n^T, modified (softcap, ALiBi), masked and turned into P_n in place (fp32).
     auto scores = [&](int n) {
+      apply_score_mods<T::kSoftcap, T::kAlibi>(s_rc, tScS_rc, row0, n * kBlockN, diag, p.score_scale, slope);
       if (tile_is_cut<T::kMask>(row0, kBlockM, n * kBlockN, kBlockN, p.seqlen_k, diag, p.window_left,
                                 p.window_right)) {
         mask_tile<T::kMask>(s_rc, tScS_rc, row0, n * kBlockN, p.seqlen_k, diag, p.window_left, p.window_right);
