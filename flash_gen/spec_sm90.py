@@ -1,9 +1,9 @@
 """Hopper forward kernel (templates/include/flash_gen/fwd_sm90.cuh) identities: its tiling and what it supports.
 
-Work in progress for issue 7: a TMA producer warpgroup and two or three wgmma consumer warpgroups (64 query
-rows each) with intra-warpgroup overlap and optional ping-pong. Keys are the forward's FwdKey; dense, unpacked keys
-on sm90 with head dims that are multiples of 64 are supported so far (softcap and ALiBi only when forced, until
-the GPU tests have run them). Must not import torch or cuda.
+Issue 7: a TMA producer warpgroup and two or three wgmma consumer warpgroups (64 query rows each) with
+intra-warpgroup overlap, optional ping-pong and persistent CTAs (docs/hopper_forward.md). Keys are the forward's
+FwdKey; dense, unpacked keys on sm90 with head dims that are multiples of 64 are supported so far (softcap and
+ALiBi only when forced, until the GPU tests have run them). Must not import torch or cuda.
 """
 
 from __future__ import annotations

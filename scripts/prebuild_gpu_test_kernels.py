@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 DECODE_CONFIGS = ("m64n128w4s2", "m64n64w4s2", "m64n64w4s3")
 
 
-# `flash-gen bench --configs` tilings of the Hopper kernel (work in progress, issue 7).
+# `flash-gen bench --configs` tilings of the Hopper kernel beside its defaults (docs/benchmarks.md, issue 7).
 SM90_BENCH_CONFIGS = ("wgm128n128s2_persist", "wgm128n64s2p_persist", "wgm192n128s2p_persist", "wgm128n128s2p_persist")
 
 
