@@ -10,6 +10,7 @@
 #include "flash_gen/seq_info.cuh"
 #include "flash_gen/sm80_ldsm.cuh"
 #include "flash_gen/sm80_utils.cuh"
+#include "flash_gen/visible_keys.cuh"
 
 namespace flash_gen {
 
@@ -94,15 +95,8 @@ __device__ __forceinline__ void fwd_kernel(FwdParams const& p) {
   const int pos_last = (min(row0 + kBlockM, rows_q) - 1) / (T::kPackGqa ? group : 1);
 
   // Key tiles [n_min, n_max) that any row of this query tile can see.
-  int n_max = (seqlen_k + kBlockN - 1) / kBlockN;
-  int n_min = 0;
-  if constexpr (T::kHasRightBound) {
-    const int last_col = pos_last + diag + p.window_right;  // inclusive
-    n_max = min(n_max, max(0, last_col + kBlockN) / kBlockN);
-  }
-  if constexpr (T::kHasLeftBound) {
-    n_min = max(0, pos0 + diag - p.window_left) / kBlockN;
-  }
+  int n_min, n_max;
+  visible_key_tiles<T::kMask, kBlockN>(pos0, pos_last, seqlen_k, diag, p.window_left, p.window_right, n_min, n_max);
   if constexpr (T::kSplit) {  // this CTA's share of the visible key tiles
     const int per_split = (n_max - n_min + p.num_splits - 1) / p.num_splits;
     n_min += split * per_split;

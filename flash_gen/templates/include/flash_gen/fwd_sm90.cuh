@@ -20,6 +20,7 @@
 #include "flash_gen/score_mods.cuh"
 #include "flash_gen/sm80_utils.cuh"
 #include "flash_gen/sm90_sync.cuh"
+#include "flash_gen/visible_keys.cuh"
 
 namespace flash_gen {
 
@@ -119,14 +120,8 @@ struct Sm90Tile {
     batch = hb / p.nheads;
     head_k = head / (p.nheads / p.nheads_k);
     row0 = m_block * T::kBlockM;
-    const int diag = p.seqlen_k - p.seqlen_q;
-    n_min = 0;
-    n_max = (p.seqlen_k + T::kBlockN - 1) / T::kBlockN;
-    if constexpr (MaskBounds<T::kMask>::kRight) {
-      const int last_col = min(row0 + T::kBlockM, p.seqlen_q) - 1 + diag + p.window_right;
-      n_max = min(n_max, max(0, last_col + T::kBlockN) / T::kBlockN);
-    }
-    if constexpr (MaskBounds<T::kMask>::kLeft) n_min = max(0, row0 + diag - p.window_left) / T::kBlockN;
+    visible_key_tiles<T::kMask, T::kBlockN>(row0, min(row0 + T::kBlockM, p.seqlen_q) - 1, p.seqlen_k,
+                                            p.seqlen_k - p.seqlen_q, p.window_left, p.window_right, n_min, n_max);
     n_max = max(n_min, n_max);  // an empty tile: no key steps, O = 0 and lse = +inf
   }
 };
