@@ -95,8 +95,6 @@ def default_sm90_config(key: FwdKey) -> Sm90FwdConfig | None:
     keys spill), 64-key steps with ping-pong above (80 keys were 20% slower at 256). Persistent CTAs only at head
     dim 128 without masking: 1-2% there, 10-15% slower under causal masking (the static tile order leaves SMs
     idle), and at 64 and 256 they spill."""
-    if key.softcap or key.alibi:
-        return None  # built and CPU-tested (2026-11-30, after the last GPU run): the default once the GPU tests pass
     if key.head_dim <= 64:
         cfg = Sm90FwdConfig(128, 2, pingpong=True, block_m=192)
     elif key.head_dim <= 128:

@@ -16,7 +16,9 @@
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 
 #include "flash_gen/attn_mask.cuh"
+#include "flash_gen/convert_pairs.cuh"
 #include "flash_gen/fwd_sm90_params.cuh"
+#include "flash_gen/online_softmax.cuh"
 #include "flash_gen/score_mods.cuh"
 #include "flash_gen/sm80_utils.cuh"
 #include "flash_gen/sm90_sync.cuh"
@@ -227,9 +229,10 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
   Tensor s_rc = make_tensor(acc_s.data(), gmma_rowcol(acc_s.layout()));
   Tensor p_frag = make_tensor<Element>(acc_s.layout());
   Tensor tOrP = make_tensor(p_frag.data(), gmma_acc_as_a(p_frag.layout()));
-  // Per-row rescale factors of O, captured by letting online_softmax_step "rescale" a column of ones; applied to
-  // O only once the P V GEMM that still reads the old O has completed.
-  Tensor correction = make_tensor<float>(Shape<Int<kRows>, _1>{});
+  // Per-row factors that bring O to the current row maxima, applied just before the next P V GEMM adds to O (the
+  // one in flight still accumulates under the old maxima); skipped by warps where no row's maximum was raised.
+  float o_scale[kRows];
+  bool o_scale_pending = false;
   const int diag = p.seqlen_k - p.seqlen_q;
 
   // Ping-pong: warpgroup w may issue its GEMMs once warpgroup w - 1 (round robin) has issued its own: named
@@ -244,10 +247,12 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
   if (wg == T::kConsumers - 1) pass_turn();
 
   auto rescale_o = [&] {
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) {
+    if (__any_sync(0xffffffff, o_scale_pending)) {
       CUTE_UNROLL
-      for (int c = 0; c < size<1>(o_rc); ++c) o_rc(r, c) *= correction(r, 0);
+      for (int r = 0; r < kRows; ++r) {
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(o_rc); ++c) o_rc(r, c) *= o_scale[r];
+      }
     }
   };
   auto release = [&](MBarrier& bar) {
@@ -267,8 +272,7 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
                                 p.window_right)) {
         mask_tile<T::kMask>(s_rc, tScS_rc, row0, n * kBlockN, p.seqlen_k, diag, p.window_left, p.window_right);
       }
-      fill(correction, 1.f);
-      online_softmax_step(s_rc, correction, row_max, row_sum, p.scale_log2);
+      o_scale_pending = online_softmax_lazy(s_rc, row_max, row_sum, o_scale, p.scale_log2);
     };
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
@@ -289,32 +293,42 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
       warpgroup_fence_operand(acc_s);
       release(bars.k_empty[stage]);
       scores(tile.n_min);
-      copy(convert_to<Element>(acc_s), p_frag);
+      o_scale_pending = false;  // O is still zero
 
-      // Steady state: S_n on the tensor cores, then P_{n-1} V_{n-1}; the softmax of S_n runs while P V computes.
+      // Steady state, key step n: S_n on the tensor cores, then P_{n-1} V_{n-1}; the softmax of S_n runs while
+      // P V computes. The wait for that P V GEMM (and P_n's conversion, which overwrites the P it reads) comes
+      // only after the next step's K wait: ptxas schedules the wgmma wait as early as its basic block allows, so
+      // in the softmax's block it would land before the softmax and serialise it behind the GEMM.
+      int pv_stage = -1;  // stage of the P V GEMM in flight, if any
+      auto finish_pv = [&] {
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(acc_o);
+        if (pv_stage >= 0) release(bars.v_empty[pv_stage]);
+      };
       for (int n = tile.n_min + 1; n < tile.n_max; ++n) {
         const int prev = stage;
         const uint32_t prev_phase = (it / kStages) & 1;
         ++it;
         stage = it % kStages;
         bars.k_full[stage].wait((it / kStages) & 1);
+        finish_pv();
+        convert_pairs(acc_s, p_frag);
         wait_turn();
         wgmma_issue<true>(mma_s, tSrQ, thr_s.partition_fragment_B(sK(_, _, stage)), acc_s);
         rescale_o();
         bars.v_full[prev].wait(prev_phase);
         warpgroup_fence_operand(tOrP);
         wgmma_issue<false>(mma_o, tOrP, thr_o.partition_fragment_B(sVt(_, _, prev)), acc_o);
+        pv_stage = prev;
         pass_turn();
         warpgroup_wait<1>();  // S_n done, P V still running
         warpgroup_fence_operand(acc_s);
         release(bars.k_empty[stage]);
         scores(n);
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(acc_o);
-        release(bars.v_empty[prev]);
-        copy(convert_to<Element>(acc_s), p_frag);
       }
       // P V of the last key step.
+      finish_pv();
+      convert_pairs(acc_s, p_frag);
       rescale_o();
       bars.v_full[stage].wait((it / kStages) & 1);
       warpgroup_fence_operand(tOrP);
@@ -341,7 +355,9 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
       CUTE_UNROLL
       for (int c = 0; c < size<1>(o_rc); ++c) o_rc(r, c) *= inv;
     }
-    copy(convert_to<Element>(acc_o), thr_o.partition_C(sQ));
+    Tensor o_out = make_tensor<Element>(acc_o.layout());
+    convert_pairs(acc_o, o_out);
+    copy(o_out, thr_o.partition_C(sQ));
     fence_smem_for_async_proxy();  // the generic-proxy stores above, before TMA reads them
     named_barrier_sync(T::kConsumers + 1 + wg, 128);  // ids after the ping-pong ones
     if (tidx % 128 == 0) {
