@@ -58,9 +58,10 @@ def sm90_config_from_name(name: str) -> Sm90FwdConfig | None:
 
 
 def sm90_smem_bytes(key: FwdKey, cfg: Sm90FwdConfig) -> int:
-    """Q plus `stages` K and V tiles (2-byte elements), then the mbarriers: Q full and empty, K/V full and empty
-    per stage."""
-    return 2 * key.head_dim * (cfg.block_m + 2 * cfg.stages * cfg.block_n) + BARRIER_BYTES * (2 + 4 * cfg.stages)
+    """Q plus `stages` K and V tiles (2-byte elements), an O staging tile in persistent CTAs (elsewhere O leaves
+    through Q's buffer), then the mbarriers: Q full and empty, K/V full and empty per stage."""
+    rows = cfg.block_m * (2 if cfg.persistent else 1) + 2 * cfg.stages * cfg.block_n
+    return 2 * key.head_dim * rows + BARRIER_BYTES * (2 + 4 * cfg.stages)
 
 
 def sm90_infeasible_reason(key: FwdKey, cfg: Sm90FwdConfig) -> str | None:
@@ -90,15 +91,15 @@ def sm90_infeasible_reason(key: FwdKey, cfg: Sm90FwdConfig) -> str | None:
 
 def default_sm90_config(key: FwdKey) -> Sm90FwdConfig | None:
     """The Hopper kernel's tiling for `key`, or None where it does not support the key. From the H200 sweeps of
-    2026-11-30 (docs/benchmarks.md): at head dim 64 three consumer warpgroups (192 rows; 2-8% over 128 rows
-    without causal masking, even with it), 128-key steps up to 128 (ping-pong neither helps nor hurts there, 176
-    keys spill), 64-key steps with ping-pong above (80 keys were 20% slower at 256). Persistent CTAs only at head
-    dim 128 without masking: 1-2% there, 10-15% slower under causal masking (the static tile order leaves SMs
-    idle), and at 64 and 256 they spill."""
+    2026-11-30 (docs/benchmarks.md): 128-key steps up to head dim 128 (tiles of 144-176 keys, not multiples of 64,
+    ran 20-30% slower), 64 above; at head dim 64 three consumer warpgroups (192 rows: 2-10% over 128 rows); at 128
+    persistent CTAs (O staged apart from Q, tiles snaking longest first: 2-7% over one CTA per tile); at 64 and 256
+    no persistent CTAs (spills at 64; at 256 Q, O and two K/V stages exceed shared memory). Ping-pong only where it
+    measured ahead: the three warpgroups of head dim 64."""
     if key.head_dim <= 64:
         cfg = Sm90FwdConfig(128, 2, pingpong=True, block_m=192)
     elif key.head_dim <= 128:
-        cfg = Sm90FwdConfig(128, 2, pingpong=False, persistent=key.mask == "none")
+        cfg = Sm90FwdConfig(128, 2, pingpong=False, persistent=True)
     else:
-        cfg = Sm90FwdConfig(64, 2, pingpong=True)
+        cfg = Sm90FwdConfig(64, 2, pingpong=False)
     return cfg if sm90_infeasible_reason(key, cfg) is None else None

@@ -27,6 +27,7 @@ def test_config_names_round_trip_and_other_names_are_not_sm90():
     (FwdKey("sm90", "bf16", 256), Sm90FwdConfig(128), "tile registers"),
     (FwdKey("sm90", "bf16", 64), Sm90FwdConfig(24), "multiple of 16"),
     (FwdKey("sm90", "bf16", 128), Sm90FwdConfig(128, 4), "shared memory"),
+    (FwdKey("sm90", "bf16", 256), Sm90FwdConfig(64, persistent=True), "shared memory"),  # O staged apart from Q
     (FwdKey("sm90", "bf16", 128), Sm90FwdConfig(128, block_m=192), "3 consumers"),
     (FwdKey("sm90", "bf16", 64), Sm90FwdConfig(block_m=256), "128 or 192"),
 ])
