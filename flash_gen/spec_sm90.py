@@ -11,10 +11,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from flash_gen.spec import MAX_SMEM_PER_BLOCK, FwdKey
+from flash_gen.spec import MAX_SMEM_PER_BLOCK, SMEM_PER_SM, SMEM_RESERVED_PER_CTA, FwdKey
 
 ROWS_PER_CONSUMER = 64  # the wgmma M
-CONSUMER_REGISTERS = {2: 240, 3: 160}  # setmaxnreg of each consumer thread (kConsumerRegs in the kernel)
+CONSUMER_REGISTERS = {1: 232, 2: 240, 3: 160}  # setmaxnreg of each consumer thread (kConsumerRegs in the kernel)
 ADDRESSING_REGISTERS = 32  # a consumer's other registers, a floor: ptxas has the last word (hd128 n176, 196: spilled)
 BARRIER_BYTES = 8  # one mbarrier
 
@@ -24,7 +24,7 @@ class Sm90FwdConfig:
     block_n: int = 128  # keys per step (the S wgmma's N)
     stages: int = 2  # K/V shared-memory buffers in the TMA ring
     pingpong: bool = True  # the consumer warpgroups take turns issuing GEMMs (one's softmax under the other's GEMMs)
-    block_m: int = 128  # query rows per CTA: 64 per consumer warpgroup
+    block_m: int = 128  # query rows per CTA: 64 per consumer warpgroup (64: one, and two CTAs per SM)
     persistent: bool = False  # one CTA per SM walks the query tiles (costs registers: state carried across tiles)
 
     @property
@@ -37,6 +37,12 @@ class Sm90FwdConfig:
         return self.block_m // ROWS_PER_CONSUMER
 
     @property
+    def ctas_per_sm(self) -> int:
+        """Two CTAs of one consumer warpgroup share an SM (each one's prologue and epilogue under the other's
+        GEMMs); more consumers take the SM's registers alone."""
+        return 2 if self.consumers == 1 else 1
+
+    @property
     def num_threads(self) -> int:
         return 128 * (1 + self.consumers)  # the TMA producer warpgroup first
 
@@ -46,7 +52,7 @@ SM90_CONFIG_SPACE = {
     "block_n": (64, 80, 96, 112, 128, 144, 160, 176, 192),
     "stages": (2, 3, 4),
     "pingpong": (False, True),
-    "block_m": (128, 192),
+    "block_m": (64, 128, 192),
     "persistent": (False, True),
 }
 
@@ -75,17 +81,22 @@ def sm90_infeasible_reason(key: FwdKey, cfg: Sm90FwdConfig) -> str | None:
         return f"head_dim {key.head_dim} is not a multiple of 64 (128-byte swizzled rows)"
     if cfg.block_n % 16 or not 16 <= cfg.block_n <= 256:
         return f"block_n {cfg.block_n} must be a multiple of 16 in [16, 256] (the wgmma N)"
-    if cfg.stages < 1:
-        return "stages must be at least 1"
-    if cfg.block_m not in (128, 192):
-        return f"block_m {cfg.block_m} must be 128 or 192 (two or three consumer warpgroups of 64 rows)"
+    if cfg.stages < 2:
+        # The consumers release V_{j-1} only after waiting for K_{j+1} (the P V wait sits after the next K wait),
+        # while the producer loads V_j before K_{j+1}: with one buffer each they would wait on each other.
+        return "stages must be at least 2"
+    if cfg.block_m not in (64, 128, 192):
+        return f"block_m {cfg.block_m} must be 64, 128 or 192 (one to three consumer warpgroups of 64 rows)"
+    if cfg.pingpong and cfg.consumers == 1:
+        return "ping-pong needs two or more consumer warpgroups"
     regs = (cfg.block_n // 2 + cfg.block_n // 4 + key.head_dim // 2)  # 64 rows over 128 threads: S, P, O
     budget = CONSUMER_REGISTERS[cfg.consumers] - ADDRESSING_REGISTERS
     if regs > budget:
         return f"{regs} tile registers per consumer thread (S, P, O) exceed {budget} with {cfg.consumers} consumers"
     smem = sm90_smem_bytes(key, cfg)
-    if smem > MAX_SMEM_PER_BLOCK[key.arch]:
-        return f"shared memory {smem} B exceeds the {key.arch} limit of {MAX_SMEM_PER_BLOCK[key.arch]} B"
+    limit = min(MAX_SMEM_PER_BLOCK[key.arch], SMEM_PER_SM[key.arch] // cfg.ctas_per_sm - SMEM_RESERVED_PER_CTA)
+    if smem > limit:
+        return f"shared memory {smem} B exceeds the {key.arch} limit of {limit} B for {cfg.ctas_per_sm} CTA(s) per SM"
     return None
 
 

@@ -1,7 +1,7 @@
 """GPU tests of the Hopper (TMA + wgmma) forward kernel's tilings (issue 7).
 
 The runtime picks this kernel by default for the dense sm90 keys it supports, so tests/test_fwd_gpu.py covers
-its defaults; here each tiling knob is forced (Sm90FwdConfig): ping-pong on and off, stages, 192-row tiles,
+its defaults; here each tiling knob is forced (Sm90FwdConfig): ping-pong on and off, stages, 64- and 192-row tiles,
 persistent CTAs. Same float64 reference, flash_attn's rule and NaN-poisoned outputs. Skipped on GPUs other than
 sm_90.
 """
@@ -36,6 +36,10 @@ CASES = [  # dtype, head dim, config, mask, batch, seqlen_q, seqlen_k, nheads, n
     ("bf16", 64, "wgm128n192s2p", "win32_0", 1, 257, 700, 4, 1, ""),
     ("bf16", 256, "wgm128n64s2p", "none", 1, 200, 333, 2, 2, ""),
     ("bf16", 256, "wgm128n80s2", "causal", 2, 333, 1200, 2, 1, ""),
+    # one consumer warpgroup, two CTAs per SM
+    ("bf16", 64, "wgm64n128s2", "causal", 2, 517, 300, 4, 2, ""),
+    ("fp16", 128, "wgm64n64s3", "none", 1, 300, 700, 4, 1, ""),
+    ("bf16", 64, "wgm64n128s2_persist", "causal", 3, 777, 555, 16, 16, "rising"),
     # persistent: more tiles than SMs (several per CTA), empty tiles (rows that see no key), GQA, local
     ("bf16", 128, "wgm128n128s2_persist", "causal", 4, 1000, 700, 8, 2, ""),
     ("fp16", 64, "wgm192n128s2p_persist", "none", 3, 777, 555, 16, 16, ""),

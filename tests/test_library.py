@@ -76,7 +76,7 @@ def test_cli_info_names_default_and_tuned_tilings(capsys):
     assert "default tiling m128n64w4s1_vlate" in out and "tuned s<=4k: m128n64w4s2 " in out
     assert cli.main(["info", "fwd_sm90_bf16_hd256_causal"]) == 0  # tuned before the Hopper kernel: stale
     out = capsys.readouterr().out
-    assert "default tiling wgm128n64s2p" in out and "tuned s<=4k: m64n64w4s1 (stale" in out
+    assert "default tiling wgm128n64s2 " in out and "tuned s<=4k: m64n64w4s1 (stale" in out
 
 
 def test_wheel_installs_and_is_discovered_in_a_fresh_venv(tmp_path, monkeypatch, helpers_only):
@@ -104,7 +104,7 @@ def test_wheel_installs_and_is_discovered_in_a_fresh_venv(tmp_path, monkeypatch,
 def test_dispatch_picks_the_tuned_tiling_per_bucket(monkeypatch):
     from flash_gen.runtime import fwd
 
-    key = FwdKey("sm90", "bf16", 64, "none", softcap=True)  # a portable-kernel key
+    key = FwdKey("sm90", "bf16", 64, "none", varlen=True)  # a portable-kernel key
     db = tuned.TunedDb("sm90")
     db.record(key.name, "s<=1k", tuned.Entry("m128n64w4s2_qreg", 1.0, "m128n64w4s1", 1.1, "gpu", "drv", "now", 3))
     monkeypatch.setattr(tuned, "shipped", lambda arch: db)

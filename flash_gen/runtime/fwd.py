@@ -167,10 +167,11 @@ def attention_fwd(
         grid = (varlen_tiles(seqlen_q, batch, var.cfg.block_m), nheads, 1)
     else:
         grid = (-(-seqlen_q // var.cfg.block_m), nheads, batch)
-    if isinstance(var.cfg, Sm90FwdConfig):  # a 1-D grid of query tiles; persistent: one CTA per SM walks them
+    if isinstance(var.cfg, Sm90FwdConfig):  # a 1-D grid of query tiles; persistent: as many CTAs as fit walk them
         p = _sm90_params(p, shape, var, q, k, v, out)
         tiles = grid[0] * grid[1] * grid[2]
-        grid = (min(tiles, driver.sm_count(device)) if var.cfg.persistent else tiles, 1, 1)
+        resident = driver.sm_count(device) * var.cfg.ctas_per_sm
+        grid = (min(tiles, resident) if var.cfg.persistent else tiles, 1, 1)
     # The current stream's raw handle, as Inductor's generated code reads it: torch.cuda.current_stream() would
     # build a Stream object on every call.
     var.kernel.launch(grid, var.block, var.smem, torch._C._cuda_getCurrentRawStream(device), p)

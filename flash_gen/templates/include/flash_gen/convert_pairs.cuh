@@ -1,7 +1,7 @@
 // fp32 register tensors to fp16/bf16 two elements per instruction (cvt.rn.{f16,bf16}x2.f32, one F2FP each).
-// Per-element casts compile to one F2FP per element plus the PRMT/LOP3 that pack the halves: about four
-// instructions per pair, which in the Hopper forward's softmax (P -> 16 bit every key step) cost a fifth of all
-// issued instructions.
+// In the Hopper forward, per-element casts (sm80_utils' convert_to) compiled to one F2FP per element plus the
+// PRMT/LOP3 that pack the halves: about four instructions per pair, a fifth of all issued instructions. (In the
+// portable kernels ptxas pairs the casts itself: their SASS is the same either way, 2026-11-30.)
 #pragma once
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_types.h>

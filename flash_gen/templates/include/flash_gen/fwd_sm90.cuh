@@ -31,19 +31,20 @@ template <class Element_, int kHeadDim_, int kConsumers_, int kBlockN_, int kSta
 struct Sm90FwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kConsumers = kConsumers_;  // consumer warpgroups
+  static constexpr int kConsumers = kConsumers_;  // consumer warpgroups; with one, two CTAs share an SM
   static constexpr int kBlockM = 64 * kConsumers;  // 64 rows (the wgmma M) per consumer warpgroup
+  static constexpr int kCtasPerSm = kConsumers == 1 ? 2 : 1;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;  // K/V buffers in the ring
   static constexpr bool kPingPong = kPingPong_;
   static constexpr bool kPersistent = kPersistent_;  // grid: min(tiles, SMs) instead of tiles
   static constexpr int kConsumerThreads = 128 * kConsumers;
   static constexpr int kNThreads = 128 + kConsumerThreads;  // the producer warpgroup first
-  // setmaxnreg budgets (multiples of 8) filling the 64K-register file: producer + consumers.
-  static constexpr int kProducerRegs = kConsumers == 2 ? 24 : 32;
-  static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
-  static_assert(kConsumers == 2 || kConsumers == 3);
-  static_assert(128 * (kProducerRegs + kConsumers * kConsumerRegs) <= 65536);
+  // setmaxnreg budgets (multiples of 8) filling the 64K-register file: producer + consumers, per CTA on the SM.
+  static constexpr int kProducerRegs = kConsumers == 3 ? 32 : 24;
+  static constexpr int kConsumerRegs = kConsumers == 1 ? 232 : (kConsumers == 2 ? 240 : 160);
+  static_assert(kConsumers >= 1 && kConsumers <= 3 && (kConsumers > 1 || !kPingPong_));
+  static_assert(kCtasPerSm * 128 * (kProducerRegs + kConsumers * kConsumerRegs) <= 65536);
   static constexpr Mask kMask = kMask_;
   static constexpr bool kSoftcap = kSoftcap_;
   static constexpr bool kAlibi = kAlibi_;
