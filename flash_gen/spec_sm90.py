@@ -17,6 +17,9 @@ ROWS_PER_CONSUMER = 64  # the wgmma M
 CONSUMER_REGISTERS = {1: 232, 2: 240, 3: 160}  # setmaxnreg of each consumer thread (kConsumerRegs in the kernel)
 ADDRESSING_REGISTERS = 32  # a consumer's other registers, a floor: ptxas has the last word (hd128 n176, 196: spilled)
 BARRIER_BYTES = 8  # one mbarrier
+# wgmma N values CuTe's op selector picks without CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED; any other key tile it
+# would split into N = 16 (or 8) instructions. The extended shapes cost about 35% more compile time.
+WGMMA_BASIC_N = (8, 16, 32, 64, 96, 128, 192, 256)
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,12 @@ SM90_CONFIG_SPACE = {
     "block_m": (64, 128, 192),
     "persistent": (False, True),
 }
+
+
+def needs_extended_wgmma(cfg: Sm90FwdConfig) -> bool:
+    """Whether the S GEMM's N (block_n) needs CuTe's extended wgmma shapes to stay one instruction per k-step
+    (the P V GEMM's N, the head dim, is a multiple of 64 and always basic)."""
+    return cfg.block_n not in WGMMA_BASIC_N
 
 
 def sm90_config_from_name(name: str) -> Sm90FwdConfig | None:
@@ -102,11 +111,12 @@ def sm90_infeasible_reason(key: FwdKey, cfg: Sm90FwdConfig) -> str | None:
 
 def default_sm90_config(key: FwdKey) -> Sm90FwdConfig | None:
     """The Hopper kernel's tiling for `key`, or None where it does not support the key. From the H200 sweeps of
-    2026-11-30 (docs/benchmarks.md): 128-key steps up to head dim 128 (tiles of 144-176 keys, not multiples of 64,
-    ran 20-30% slower), 64 above; at head dim 64 three consumer warpgroups (192 rows: 2-10% over 128 rows); at 128
-    persistent CTAs (O staged apart from Q, tiles snaking longest first: 2-7% over one CTA per tile); at 64 and 256
-    no persistent CTAs (spills at 64; at 256 Q, O and two K/V stages exceed shared memory). Ping-pong only where it
-    measured ahead: the three warpgroups of head dim 64."""
+    2026-11-30 (docs/benchmarks.md): 128-key steps up to head dim 128, 64 above (80 and 144-176 keys measured
+    20-30% slower, but then compiled to N = 16 wgmmas: to be measured again); at head dim 64 three consumer
+    warpgroups (192 rows: 2-10% over 128 rows); at 128 persistent CTAs (O staged apart from Q, tiles snaking
+    longest first: 2-7% over one CTA per tile); at 64 and 256 no persistent CTAs (spills at 64; at 256 Q, O and
+    two K/V stages exceed shared memory). Ping-pong only where it measured ahead: the three warpgroups of head
+    dim 64."""
     if key.head_dim <= 64:
         cfg = Sm90FwdConfig(128, 2, pingpong=True, block_m=192)
     elif key.head_dim <= 128:

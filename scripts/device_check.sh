@@ -3,13 +3,14 @@
 # compiles what it needs into one shared cache, so the 16 cores compile while the GPU tests), then the forward
 # benchmark against SDPA's FLASH and CUDNN backends. Full logs land in $OUT; the tables print last.
 # A carried .kernels/ (scripts/prebuild_gpu_test_kernels.py, run on a CPU machine) serves as the kernel cache,
-# so the device compiles only what it lacks.
+# so the device compiles only what it lacks; a carried .kernels.tar.xz (its --archive) is unpacked into it first.
 #   usage: scripts/device_check.sh [pytest args...]
 #   env: TESTS (default tests/), JOBS, TEST_TIMEOUT, SKIP_TESTS, SKIP_BENCH, BENCH_ARGS (default: the forward
 #   table), BENCH2_ARGS (a second bench run, e.g. "--direction fwd+bwd ...")
 set -uo pipefail
 OUT=${OUT:-$PWD/.out}
 mkdir -p "$OUT"
+[ -f .kernels.tar.xz ] && tar -xJf .kernels.tar.xz
 default_cache=/tmp/flash_gen_cache
 [ -d .kernels ] && default_cache=$PWD/.kernels
 export PYTHONUNBUFFERED=1 FLASH_GEN_CACHE_DIR=${FLASH_GEN_CACHE_DIR:-$default_cache}

@@ -3,7 +3,8 @@ a kernel cache folder that a lent GPU machine then reads, so its minutes go to t
 
     python3 scripts/prebuild_gpu_test_kernels.py [--arch sm90] [--out .kernels] [--suites fwd,bwd,varlen,kvcache,bench,sm90]
 
-(--suites bwd limits it to one test module's kernels.) Then carry the folder (device tool: carry [".whl", ".kernels"]); scripts/device_check.sh points
+(--suites bwd limits it to one test module's kernels.) Then carry the folder (device tool: carry [".whl", ".kernels"],
+or with --archive .kernels.tar.xz carry [".whl", ".kernels.tar.xz"] when the folder is too big); scripts/device_check.sh points
 FLASH_GEN_CACHE_DIR at it. Cache keys cover the NVRTC and header-wheel versions, so on a mismatch the device
 simply compiles what it lacks. Kernels are compiled in batches (one translation unit per kernel family, arch and
 head dim).
@@ -16,6 +17,7 @@ import itertools
 import json
 import os
 import sys
+import tarfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -138,6 +140,9 @@ def main() -> int:
     parser.add_argument("--prune", action="store_true",
                         help="only delete cache entries this plan does not use (stale after header changes), "
                              "so the folder stays small enough to carry")
+    parser.add_argument("--archive", type=Path, default=None,
+                        help="also write the folder as this .tar.xz (about 15x smaller: cubins compress well), "
+                             "for a device carry limit the folder outgrows; scripts/device_check.sh unpacks it")
     args = parser.parse_args()
     os.environ["FLASH_GEN_CACHE_DIR"] = str(args.out.resolve())  # inherited by the worker processes
 
@@ -174,6 +179,10 @@ def main() -> int:
             print(f"  batch of {len(batch)} ({batch[0].key.name}...) in "
                   f"{batch[0].seconds:.0f} s", flush=True)
     print(f"done in {time.perf_counter() - start:.0f} s, {failed} failed")
+    if args.archive:
+        with tarfile.open(args.archive, "w:xz") as tar:
+            tar.add(args.out, arcname=".kernels")
+        print(f"wrote {args.archive} ({args.archive.stat().st_size / 2**20:.1f} MiB)")
     return 1 if failed else 0
 
 

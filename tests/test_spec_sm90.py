@@ -40,7 +40,8 @@ def test_renders_and_compiles_without_spills_on_wgmma(tmp_path, monkeypatch):
     monkeypatch.setenv("FLASH_GEN_CACHE_DIR", str(tmp_path))
     variants = [(FwdKey("sm90", "bf16", 128, "causal"), Sm90FwdConfig()),
                 (FwdKey("sm90", "fp16", 64), Sm90FwdConfig(block_m=192)),  # three consumer warpgroups
-                (FwdKey("sm90", "fp16", 64, "local", softcap=True, alibi=True), Sm90FwdConfig())]
+                (FwdKey("sm90", "fp16", 64, "local", softcap=True, alibi=True), Sm90FwdConfig()),
+                (FwdKey("sm90", "bf16", 128), Sm90FwdConfig(176, pingpong=False))]  # an N outside CuTe's basic set
     assert all(sm90_infeasible_reason(k, c) is None for k, c in variants)
     assert sm90_smem_bytes(*variants[0]) == 2 * 128 * (128 + 2 * 2 * 128) + 8 * (2 + 4 * 2)
     compiled = batches.compile_batch(variants)
@@ -51,6 +52,8 @@ def test_renders_and_compiles_without_spills_on_wgmma(tmp_path, monkeypatch):
         assert "wgmma.mma_async.sync.aligned.m64n128k16.f32" in r.ptx  # S = QK^T and O += PV
         assert "cp.async.bulk.tensor.4d" in r.ptx and "mbarrier.try_wait.parity" in r.ptx  # TMA ring
         assert "setmaxnreg.inc.sync.aligned.u32 240" in r.ptx and "bar.arrive" in r.ptx  # consumers, ping-pong
+        # 176 keys per step in one wgmma per k-step, not eleven of N = 16 (CuTe's extended shapes)
+        assert "m64n176k16" in r.ptx and "m64n16k16" not in r.ptx
 
 
 def test_cli_compile_accepts_hopper_config_names():

@@ -12,6 +12,8 @@
 // Same FwdParams, masks, score modifiers (softcap, ALiBi) and softmax conventions as the portable kernel
 // (fwd_sm80.cuh); dense K/V only (no varlen or KV cache yet). O leaves through shared memory and TMA stores.
 #pragma once
+// Key tiles outside CuTe's basic wgmma N set need CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED defined before this header
+// (fwd_sm90.cu.j2 does it): otherwise its op selector splits, say, N = 176 into eleven N = 16 instructions.
 #include <cute/arch/mma_sm90.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 
