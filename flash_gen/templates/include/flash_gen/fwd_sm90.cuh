@@ -2,15 +2,17 @@
 //   warpgroup 0 (producer): one thread issues TMA loads of the Q tile and of K/V tiles into a kStages-deep ring of
 //     swizzled shared-memory buffers; full/empty mbarriers hand buffers to and from the consumers. It gives its
 //     registers to the consumers (setmaxnreg).
-//   warpgroups 1..kConsumers (2 or 3): 64 query rows each. S = Q K^T reads both operands from shared memory (SS),
-//     O += P V takes P from registers (RS) and V read head-dim-major. Within a warpgroup the softmax of tile j runs
-//     while the tensor cores compute P_{j-1} V_{j-1} (intra-warpgroup overlap); with kPingPong the consumer
-//     warpgroups take turns issuing their GEMMs (named barriers), so one's softmax overlaps the others' GEMMs.
-// With kPersistent one CTA per SM walks the query tiles (Sm90Tile), so a tile's Q and first K/V loads overlap the
-// previous tile's epilogue and no CTA launch sits between tiles; otherwise each CTA serves one tile (the loops
-// below run once, and the registers that carry state across tiles are free).
-// Same FwdParams, masks, score modifiers (softcap, ALiBi) and softmax conventions as the portable kernel
-// (fwd_sm80.cuh); dense K/V only (no varlen or KV cache yet). O leaves through shared memory and TMA stores.
+//   warpgroups 1..kConsumers (1 to 3; with one, two CTAs share an SM): 64 query rows each. S = Q K^T reads both
+//     operands from shared memory (SS), O += P V takes P from registers (RS) and V read head-dim-major. Within a
+//     warpgroup the softmax of tile j runs while the tensor cores compute P_{j-1} V_{j-1} (intra-warpgroup
+//     overlap); with kPingPong the consumer warpgroups take turns issuing their GEMMs (named barriers), so one's
+//     softmax overlaps the others' GEMMs.
+// With kPersistent as many CTAs as fit on the SMs walk the query tiles (Sm90Tile, sm90_tile_of_round), so a tile's
+// Q and first K/V loads overlap the previous tile's epilogue (O has a staging buffer of its own) and no CTA launch
+// sits between tiles; otherwise each CTA serves one tile (the loops below run once, and the registers that carry
+// state across tiles are free). Same FwdParams, masks, score modifiers (softcap, ALiBi) and softmax conventions
+// as the portable kernel (fwd_sm80.cuh), with its own softmax step (online_softmax.cuh); dense K/V only (no
+// varlen or KV cache yet). O leaves through shared memory and TMA stores.
 #pragma once
 // Key tiles outside CuTe's basic wgmma N set need CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED defined before this header
 // (fwd_sm90.cu.j2 does it): otherwise its op selector splits, say, N = 176 into eleven N = 16 instructions.
@@ -162,8 +164,8 @@ __device__ __forceinline__ int sm90_tile_of_round(int round) {
 }
 
 // The producer (one thread): per tile, Q once its buffer is free again (the consumers' last S GEMMs of the
-// previous tile have completed), then K and V of every key step into the ring, each waiting for its buffer to be released. `it` counts
-// key steps over all tiles, as the consumers do, so both agree on every buffer's phase.
+// previous tile have completed), then K and V of every key step into the ring, each waiting for its buffer to be
+// released. `it` counts key steps over all tiles, as the consumers do, so both agree on every buffer's phase.
 template <class T>
 __device__ __forceinline__ void fwd_sm90_produce(Sm90FwdParams const& params, typename T::Barriers& bars,
                                                  typename T::Element* smem_q, typename T::Element* smem_k,
@@ -315,7 +317,8 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
       row_sum[r] = 0.f;
     }
     clear(acc_o);
-    bars.q_full.wait(round & 1);  // also for an empty tile: its O is staged where this Q lands
+    // Also for an empty tile: the Q phases stay in step, and without a buffer of its own O is staged where Q lands.
+    bars.q_full.wait(round & 1);
 
     if (tile.n_min < tile.n_max) {
       // Prologue: S of the first key step alone.
