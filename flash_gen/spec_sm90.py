@@ -1,9 +1,9 @@
 """Hopper forward kernel (templates/include/flash_gen/fwd_sm90.cuh) identities: its tiling and what it supports.
 
-Issue 7: a TMA producer warpgroup and two or three wgmma consumer warpgroups (64 query rows each) with
+Issue 7: a TMA producer warpgroup and one to three wgmma consumer warpgroups (64 query rows each) with
 intra-warpgroup overlap, optional ping-pong and persistent CTAs (docs/hopper_forward.md). Keys are the forward's
-FwdKey; dense, unpacked keys on sm90 with head dims that are multiples of 64 are supported so far (softcap and
-ALiBi only when forced, until the GPU tests have run them). Must not import torch or cuda.
+FwdKey; dense, unpacked keys on sm90 with head dims that are multiples of 64 are supported so far, with or
+without softcap and ALiBi. Must not import torch or cuda.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class Sm90FwdConfig:
     stages: int = 2  # K/V shared-memory buffers in the TMA ring
     pingpong: bool = True  # the consumer warpgroups take turns issuing GEMMs (one's softmax under the other's GEMMs)
     block_m: int = 128  # query rows per CTA: 64 per consumer warpgroup (64: one, and two CTAs per SM)
-    persistent: bool = False  # one CTA per SM walks the query tiles (costs registers: state carried across tiles)
+    persistent: bool = False  # resident CTAs walk the query tiles (costs registers: state carried across tiles)
 
     @property
     def name(self) -> str:
