@@ -1,9 +1,13 @@
 """GPU tests of the backward pass: gradients against a float64 reference (flash_attn's rule per gradient),
 determinism, torch.compile, CUDA graphs and the kernels one step launches.
 
-Tolerance: max|dX - dX_ref64| <= 2 * max|dX_lowprec - dX_ref64| + 1e-4 for X in q, k, v, where the low-precision
-reference is PyTorch's autograd through the same math on the fp16/bf16 inputs. Inputs are fresh random numbers
-each run; the seed is in every failure message.
+Tolerance: max|dX - dX_ref64| <= 2 * max|dX_lowprec - dX_ref64| + eps(dtype) * max|dX_ref64| + 1e-4 for X in q, k,
+v, where the low-precision reference is PyTorch's autograd through the same math on the fp16/bf16 inputs. The
+middle term is one unit in the last place at the largest gradient: autograd returns every gradient in the
+inputs' dtype, so errors come in whole units, and where a gradient sums only a few rows (seqlen_k = 3, causal)
+the low-precision reference can be off by half a unit at the largest value while any rounding of ours costs one
+(2026-11-30, bf16, hdim 160, 799 x 3: 2 of 41 seeds failed without it, at 1.5x and 2x). Inputs are fresh random
+numbers each run; the seed is in every failure message.
 """
 
 from __future__ import annotations
@@ -115,7 +119,7 @@ def _check_grads(got, q, k, v, dout, where: str, **kwargs) -> None:
     for name, g, r, lo in zip(("dq", "dk", "dv"), got, ref64, low):
         assert not g.isnan().any(), f"{where}: {name} has {int(g.isnan().sum())} unwritten (NaN) elements"
         err = (g.double() - r).abs().max().item()
-        tol = 2 * (lo.double() - r).abs().max().item() + 1e-4
+        tol = 2 * (lo.double() - r).abs().max().item() + torch.finfo(g.dtype).eps * r.abs().max().item() + 1e-4
         assert err <= tol, f"{where}: {name} max|err| = {err:.3e} > {tol:.3e}"
 
 

@@ -106,6 +106,53 @@ def _variant(device: int, dtype: str, head_dim: int, mask: str, softcap: bool, a
     return var
 
 
+class _Shape:
+    """What a call's shapes, strides and score arguments fix: the parameter struct without addresses (a repeated
+    shape copies it instead of setting ~40 ctypes fields), the three grids and the fp32 buffers' layout."""
+
+    __slots__ = ("params", "grids", "part", "rows")
+
+    def __init__(self, params: BwdParams, grids: list[tuple[int, int, int]], part: int, rows: int) -> None:
+        self.params, self.grids, self.part, self.rows = params, grids, part, rows
+
+
+# Cleared when full, so shapes that never repeat cannot grow it.
+_shapes: dict[tuple, _Shape] = {}
+_SHAPES_MAX = 256
+
+
+def _shape(var: _Variant, tensors: tuple[tuple[str, torch.Tensor], ...], lse: torch.Tensor, batch: int,
+           varlen: bool, **score) -> _Shape:
+    q, k = tensors[0][1], tensors[1][1]
+    *lead_q, nheads, head_dim = q.shape
+    *lead_k, nheads_k, _ = k.shape
+    seqlen_q, seqlen_k = lead_q[-1], lead_k[-1]  # the totals when varlen
+    check_grid(batch, max(nheads, nheads_k))
+    block_m, cols = var.cfg.block_m, var.head_dim_mma
+    p = BwdParams()
+    for prefix, t in tensors:
+        set_strides(p, prefix, t)
+    set_score_fields(p, batch=batch, nheads=nheads, nheads_k=nheads_k, seqlen_q=seqlen_q, seqlen_k=seqlen_k, **score)
+    p.block_m, p.head_dim, p.dq_accum_cols = block_m, head_dim, cols
+    p.softmax_scale = score["softmax_scale"]
+    p.lse_batch_stride, p.lse_head_stride = (0, lse.stride(0)) if varlen else lse.stride()[:2]
+    # Row-padded fp32 buffers (acc_row0 in bwd_params.cuh), (batch, nheads, rows rounded up to block_m) or
+    # (nheads, total_q + batch * block_m): lse_log2, dsum and dq_accum (dq_accum_cols per row) in one allocation
+    # (the host cost is per tensor), each part 256-byte aligned for vector accesses.
+    head_rows = seqlen_q + batch * block_m if varlen else -(-seqlen_q // block_m) * block_m
+    p.acc_batch_stride, p.acc_head_stride = (0 if varlen else nheads * head_rows), head_rows
+    rows = (1 if varlen else batch) * nheads * head_rows
+    if varlen:  # grid-x bounds: each entry's padded rows (preprocess), key tiles (main), rows (convert)
+        grids = [(-(-(seqlen_q + batch * (block_m - 1)) // _AUX_ROWS), nheads, 1),
+                 (varlen_tiles(seqlen_k, batch, var.cfg.block_n), nheads_k, 1),
+                 (varlen_tiles(seqlen_q, batch, _AUX_ROWS), nheads, 1)]
+    else:
+        grids = [(head_rows // _AUX_ROWS, nheads, batch),
+                 (-(-seqlen_k // var.cfg.block_n), nheads_k, batch),
+                 (-(-seqlen_q // _AUX_ROWS), nheads, batch)]
+    return _Shape(p, grids, -(-rows // 64) * 64, rows)
+
+
 def attention_bwd(
     dout: torch.Tensor,
     q: torch.Tensor,
@@ -132,55 +179,34 @@ def attention_bwd(
     softmax_lse. Arguments as for runtime.fwd.attention_fwd (packed batches included); `deterministic` orders the
     dQ accumulation so repeated runs give bitwise-equal gradients."""
     varlen = cu_seqlens_q is not None
-    *lead_q, nheads, head_dim = q.shape
-    *lead_k, nheads_k, _ = k.shape
     batch = cu_seqlens_q.numel() - 1 if varlen else q.shape[0]
-    seqlen_q, seqlen_k = lead_q[-1], lead_k[-1]  # the totals when varlen
-    check_grid(batch, max(nheads, nheads_k))
-    mask = mask_kind(causal, window_size)
-    var = _variant(q.device.index, DTYPES[q.dtype], head_dim, mask, softcap > 0, alibi_slopes is not None, varlen,
-                   deterministic, config, bucket_name("bwd", seqlen_k))
-    block_m = var.cfg.block_m
-
-    # Row-padded fp32 buffers (acc_row0 in bwd_params.cuh): every entry gets its rows rounded up to block_m.
-    acc_shape = (nheads, seqlen_q + batch * block_m) if varlen else (batch, nheads, -(-seqlen_q // block_m) * block_m)
-    # One allocation (the host cost is per tensor), each part starting 256-byte aligned for vector accesses.
-    rows = acc_shape[0] * acc_shape[1] * (acc_shape[2] if len(acc_shape) == 3 else 1)
-    part = -(-rows // 64) * 64
-    f32 = torch.empty(2 * part + rows * var.head_dim_mma, dtype=torch.float32, device=q.device)
-    lse_log2, dsum = f32[:rows].view(acc_shape), f32[part : part + rows].view(acc_shape)
-    dq_accum = f32[2 * part :].view(*acc_shape, var.head_dim_mma)
-    semaphore = torch.empty(acc_shape, dtype=torch.int32, device=q.device) if deterministic else None
-
-    p = BwdParams()
+    var = _variant(q.device.index, DTYPES[q.dtype], q.shape[-1], mask_kind(causal, window_size), softcap > 0,
+                   alibi_slopes is not None, varlen, deterministic, config, bucket_name("bwd", k.shape[-3]))
     tensors = (("q", q), ("k", k), ("v", v), ("o", out), ("do", dout), ("dq", dq), ("dk", dk), ("dv", dv))
-    for prefix, t in tensors:
-        setattr(p, "dout" if prefix == "do" else prefix, t.data_ptr())
-        set_strides(p, prefix, t)
-    p.lse, p.lse_log2, p.dsum, p.dq_accum = lse.data_ptr(), lse_log2.data_ptr(), dsum.data_ptr(), dq_accum.data_ptr()
-    p.dq_semaphore = semaphore.data_ptr() if semaphore is not None else None
-    set_score_fields(p, batch=batch, nheads=nheads, nheads_k=nheads_k, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
-                     causal=causal, window_size=window_size, softmax_scale=softmax_scale, softcap=softcap,
-                     alibi_slopes=alibi_slopes)
-    p.block_m, p.head_dim, p.dq_accum_cols = block_m, head_dim, var.head_dim_mma
-    p.softmax_scale = softmax_scale
-    lse_strides = (0, lse.stride(0)) if varlen else lse.stride()[:2]
-    p.lse_batch_stride, p.lse_head_stride = lse_strides
-    p.acc_batch_stride, p.acc_head_stride = (0, *dsum.stride()[:1]) if varlen else dsum.stride()[:2]
-
+    lookup = (var, batch, *(t.shape for t in (q, k)), *(t.stride() for _, t in tensors), lse.stride(), causal,
+              window_size, softmax_scale, softcap, None if alibi_slopes is None else alibi_slopes.stride())
+    shape = _shapes.get(lookup)
+    if shape is None:
+        if len(_shapes) >= _SHAPES_MAX:
+            _shapes.clear()
+        shape = _shapes[lookup] = _shape(var, tensors, lse, batch, varlen, causal=causal, window_size=window_size,
+                                         softmax_scale=softmax_scale, softcap=softcap, alibi_slopes=alibi_slopes)
+    f32 = torch.empty(2 * shape.part + shape.rows * var.head_dim_mma, dtype=torch.float32, device=q.device)
+    p = BwdParams.from_buffer_copy(shape.params)
+    p.q, p.k, p.v, p.o, p.dout = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), dout.data_ptr()
+    p.dq, p.dk, p.dv, p.lse = dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), lse.data_ptr()
+    base = f32.data_ptr()
+    p.lse_log2, p.dsum, p.dq_accum = base, base + 4 * shape.part, base + 8 * shape.part
+    if deterministic:
+        semaphore = torch.empty(shape.rows, dtype=torch.int32, device=q.device)
+        p.dq_semaphore = semaphore.data_ptr()
+    if alibi_slopes is not None:
+        p.alibi_slopes = alibi_slopes.data_ptr()
     if varlen:
         p.cu_seqlens_q, p.cu_seqlens_k = cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr()
-        # Each entry's padded rows (preprocess), key tiles (main), rows (convert), as grid-x bounds.
-        grids = [(-(-(seqlen_q + batch * (block_m - 1)) // _AUX_ROWS), nheads, 1),
-                 (varlen_tiles(seqlen_k, batch, var.cfg.block_n), nheads_k, 1),
-                 (varlen_tiles(seqlen_q, batch, _AUX_ROWS), nheads, 1)]
-    else:
-        grids = [(acc_shape[-1] // _AUX_ROWS, nheads, batch),
-                 (-(-seqlen_k // var.cfg.block_n), nheads_k, batch),
-                 (-(-seqlen_q // _AUX_ROWS), nheads, batch)]
 
     stream = torch._C._cuda_getCurrentRawStream(q.device.index)  # no Stream object per call
     aux_block = (_AUX_THREADS, 1, 1)
-    var.preprocess.launch(grids[0], aux_block, 0, stream, p)
-    var.main.launch(grids[1], (var.cfg.num_threads, 1, 1), var.smem, stream, p)
-    var.convert_dq.launch(grids[2], aux_block, 0, stream, p)
+    var.preprocess.launch(shape.grids[0], aux_block, 0, stream, p)
+    var.main.launch(shape.grids[1], (var.cfg.num_threads, 1, 1), var.smem, stream, p)
+    var.convert_dq.launch(shape.grids[2], aux_block, 0, stream, p)
