@@ -150,7 +150,7 @@ def measure_case(case: str, args: argparse.Namespace, cycles_per_us: float, fa: 
 
 # flash_gen functions whose wall time --profile reports: the backward runs on the autograd engine's device thread,
 # which cProfile (this thread only) does not see.
-TIMED = ("ops._validated", "ops._backward_into", "runtime.bwd.attention_bwd", "runtime.fwd.attention_fwd",
+TIMED = ("ops._checked", "ops._backward_into", "runtime.bwd.attention_bwd", "runtime.fwd.run_fwd",
          "ops.check_bwd")
 
 

@@ -34,34 +34,44 @@ from flash_gen.validate import (
 # alibi_slopes: Optional[Tensor], deterministic: bool
 
 
-# validate_fwd's results for dense calls (no cu_seqlens), keyed by everything it reads except the base addresses,
-# whose alignment is re-checked on every hit: a repeated shape skips the checks. Exact because the scalars arrive
-# with their types fixed (flash_gen.api normalises them; a direct op call goes through the dispatcher's schema),
-# so equal keys are equal arguments. Varlen calls are not memoised (FLASH_GEN_DEBUG adds value checks there). Cleared when full, so
-# shapes that never repeat cannot grow it.
-_validated_memo: dict[tuple, FwdArgs] = {}
+class _Checked:
+    """validate_fwd's result for one argument layout, and the runtime's launch plan for it once a forward has run
+    (flash_gen.runtime.fwd.FwdPlan: variant, parameter template, grid)."""
+
+    __slots__ = ("args", "plan")
+
+    def __init__(self, args: FwdArgs) -> None:
+        self.args, self.plan = args, None
+
+
+# _Checked entries for dense calls (no cu_seqlens), keyed by everything validation reads except the base
+# addresses, whose alignment is re-checked on every hit: a repeated shape skips the checks and the planning. Exact
+# because the scalars arrive with their types fixed (flash_gen.api normalises them; a direct op call goes through
+# the dispatcher's schema), so equal keys are equal arguments. Varlen calls are not memoised (FLASH_GEN_DEBUG adds
+# value checks there). Cleared when full, so shapes that never repeat cannot grow it.
+_checked_memo: dict[tuple, _Checked] = {}
 _MEMO_SIZE = 256
 
 
-def _validated(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left,
-               window_right, softcap, alibi_slopes) -> FwdArgs:
+def _checked(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left,
+             window_right, softcap, alibi_slopes) -> _Checked:
     memo_key = None
     if cu_seqlens_q is None and cu_seqlens_k is None:
         alibi = None if alibi_slopes is None else (alibi_slopes.shape, alibi_slopes.stride(), alibi_slopes.dtype,
                                                    alibi_slopes.device)
         memo_key = (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device, v.shape,
                     v.stride(), v.dtype, v.device, softmax_scale, causal, window_left, window_right, softcap, alibi)
-        args = _validated_memo.get(memo_key)
-        if args is not None and not (q.data_ptr() | k.data_ptr() | v.data_ptr()) % VECTOR_BYTES:
-            return args
-    args = validate_fwd(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, softmax_scale=softmax_scale,
-                        causal=causal, window_size=(window_left, window_right), softcap=softcap,
-                        alibi_slopes=alibi_slopes)
+        entry = _checked_memo.get(memo_key)
+        if entry is not None and not (q.data_ptr() | k.data_ptr() | v.data_ptr()) % VECTOR_BYTES:
+            return entry
+    entry = _Checked(validate_fwd(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                                  softmax_scale=softmax_scale, causal=causal, window_size=(window_left, window_right),
+                                  softcap=softcap, alibi_slopes=alibi_slopes))
     if memo_key is not None:
-        if len(_validated_memo) >= _MEMO_SIZE:
-            _validated_memo.clear()
-        _validated_memo[memo_key] = args
-    return args
+        if len(_checked_memo) >= _MEMO_SIZE:
+            _checked_memo.clear()
+        _checked_memo[memo_key] = entry
+    return entry
 
 
 def _score_kwargs(args: FwdArgs, alibi_slopes: Optional[Tensor]) -> dict:
@@ -76,13 +86,18 @@ def _runtime_kwargs(args: FwdArgs, cu_seqlens_q: Optional[Tensor], cu_seqlens_k:
 
 def _forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left,
              window_right, softcap, alibi_slopes) -> tuple[Tensor, Tensor]:
-    args = _validated(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right, softcap,
-                      alibi_slopes)
-    if args.empty:
-        return empty_outputs(q, args)
-    from flash_gen.runtime.fwd import attention_fwd
+    entry = _checked(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right, softcap,
+                     alibi_slopes)
+    if entry.args.empty:
+        return empty_outputs(q, entry.args)
+    from flash_gen.runtime.fwd import plan_fwd, run_fwd
 
-    return attention_fwd(q, k, v, **_runtime_kwargs(args, cu_seqlens_q, cu_seqlens_k, alibi_slopes))
+    plan = entry.plan
+    if plan is None:
+        plan = plan_fwd(q, k, v, cu_seqlens_q=cu_seqlens_q, **_score_kwargs(entry.args, alibi_slopes))
+        if cu_seqlens_q is None:  # memoised entries only: a varlen entry is built per call
+            entry.plan = plan
+    return run_fwd(plan, q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
 
 
 def empty_outputs(q: Tensor, args: FwdArgs) -> tuple[Tensor, Tensor]:
@@ -95,8 +110,8 @@ def empty_outputs(q: Tensor, args: FwdArgs) -> tuple[Tensor, Tensor]:
 def _backward_into(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dq: Tensor, dk: Tensor,
                    dv: Tensor, *attn) -> None:
     cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, det = attn
-    args = _validated(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right, softcap,
-                      alibi_slopes)
+    args = _checked(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right, softcap,
+                    alibi_slopes).args
     dout = check_bwd(dout, q, out, lse, det, args.varlen)
     if args.empty:
         for g in (dq, dk, dv):

@@ -188,7 +188,7 @@ def test_repeated_layout_skips_validation_but_rechecks_alignment(monkeypatch):
     from flash_gen import validate
 
     monkeypatch.setattr(validate, "check_device", lambda *a, **k: None)  # CPU tensors stand in for CUDA ones
-    monkeypatch.setattr(ops, "_validated_memo", {})
+    monkeypatch.setattr(ops, "_checked_memo", {})
     calls = []
     real = ops.validate_fwd
     monkeypatch.setattr(ops, "validate_fwd", lambda *a, **k: calls.append(a) or real(*a, **k))
@@ -196,9 +196,9 @@ def test_repeated_layout_skips_validation_but_rechecks_alignment(monkeypatch):
     buf = torch.randn(n + 8, dtype=torch.bfloat16)
     q = buf[:n].view(B, SQ, H, 64)
     attn = (None, None, None, True, -1, -1, 0.0, None)  # cu_seqlens_q/k, softmax_scale, causal, window, softcap, alibi
-    first = ops._validated(q, q, q, *attn)
-    assert ops._validated(q, q, q, *attn) is first and len(calls) == 1
-    assert ops._validated(q, q, q, *attn[:3], False, *attn[4:]) is not first  # other arguments: validated anew
+    first = ops._checked(q, q, q, *attn)
+    assert ops._checked(q, q, q, *attn) is first and len(calls) == 1
+    assert ops._checked(q, q, q, *attn[:3], False, *attn[4:]) is not first  # other arguments: validated anew
     shifted = buf[1 : n + 1].view(B, SQ, H, 64)  # the same layout 2 bytes further on
     with pytest.raises(ValueError, match="^q: base address"):
-        ops._validated(shifted, shifted, shifted, *attn)
+        ops._checked(shifted, shifted, shifted, *attn)

@@ -191,7 +191,7 @@ def attention_bwd(
             _shapes.clear()
         shape = _shapes[lookup] = _shape(var, tensors, lse, batch, varlen, causal=causal, window_size=window_size,
                                          softmax_scale=softmax_scale, softcap=softcap, alibi_slopes=alibi_slopes)
-    f32 = torch.empty(2 * shape.part + shape.rows * var.head_dim_mma, dtype=torch.float32, device=q.device)
+    f32 = q.new_empty((2 * shape.part + shape.rows * var.head_dim_mma,), dtype=torch.float32)
     p = BwdParams.from_buffer_copy(shape.params)
     p.q, p.k, p.v, p.o, p.dout = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), dout.data_ptr()
     p.dq, p.dk, p.dv, p.lse = dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), lse.data_ptr()

@@ -1,8 +1,10 @@
 """Launch the forward attention kernel: pick the variant for a call, fill its parameter struct, launch.
 
-Inputs arrive validated and normalised by flash_gen.validate. The per-call path is: one dict hit for the
-loaded kernel (keyed by plain scalars), one ctypes struct, one cuLaunchKernel on PyTorch's current stream;
-no host synchronisation. Must not import optuna.
+Inputs arrive validated and normalised by flash_gen.validate. A call is planned (plan_fwd: the loaded kernel,
+the parameter template and the grid, all fixed by shapes, strides and score arguments) and run (run_fwd: out and
+lse allocated, the template copied with this call's addresses, one cuLaunchKernel on PyTorch's current stream; no
+host synchronisation). flash_gen.ops keeps each argument layout's plan, so a repeated eager call only runs it.
+Must not import optuna.
 """
 
 from __future__ import annotations
@@ -122,6 +124,86 @@ def _config(key: FwdKey, bucket: str) -> FwdTiling:
     return tuned_config(key, bucket) or fwd_tilings.default_config(key)
 
 
+class FwdPlan:
+    """Everything a dense or packed forward launch needs that the call's shapes, strides, dtype, device and score
+    arguments fix: the variant, the parameter template, the grid. flash_gen.ops keeps one per validated
+    argument layout, so a repeated eager call goes straight to run_fwd."""
+
+    __slots__ = ("var", "shape", "grid")
+
+    def __init__(self, var: _Variant, shape: _Shape, grid: tuple[int, int, int]) -> None:
+        self.var, self.shape, self.grid = var, shape, grid
+
+
+def plan_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    softmax_scale: float,
+    causal: bool,
+    window_size: tuple[int, int],
+    softcap: float,
+    alibi_slopes: torch.Tensor | None,
+    cu_seqlens_q: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    config: FwdTiling | None = None,
+) -> FwdPlan:
+    """The plan of an attention_fwd call (same arguments; only the shapes and strides of the tensors count)."""
+    varlen = cu_seqlens_q is not None
+    batch = cu_seqlens_q.numel() - 1 if varlen else q.shape[0]
+    kv, seqlen_k = "dense", k.shape[-3]  # the total when varlen
+    if block_table is not None:  # pages holding whole key tiles (block_n <= 128) are read tile by tile
+        kv, seqlen_k = ("paged" if k.shape[1] % 128 else "cache"), block_table.shape[1] * k.shape[1]
+    device = q.device.index
+    var = _variant(device, DTYPES[q.dtype], q.shape[-1], mask_kind(causal, window_size), softcap > 0,
+                   alibi_slopes is not None, varlen, config, kv, bucket=bucket_name("fwd", seqlen_k))
+    out_stride = out.stride() if out is not None else _contiguous_strides(q.shape)
+    shape = _shape(q, k, v, out_stride, batch, seqlen_k, causal=causal, window_size=window_size,
+                   softmax_scale=softmax_scale, softcap=softcap, alibi_slopes=alibi_slopes)
+    nheads, seqlen_q = q.shape[-2], q.shape[-3]
+    if varlen:
+        grid = (varlen_tiles(seqlen_q, batch, var.cfg.block_m), nheads, 1)
+    else:
+        grid = (-(-seqlen_q // var.cfg.block_m), nheads, batch)
+    if isinstance(var.cfg, Sm90FwdConfig):  # a 1-D grid of query tiles; persistent: as many CTAs as fit walk them
+        tiles = grid[0] * grid[1] * grid[2]
+        resident = driver.sm_count(device) * var.cfg.ctas_per_sm
+        grid = (min(tiles, resident) if var.cfg.persistent else tiles, 1, 1)
+    return FwdPlan(var, shape, grid)
+
+
+def run_fwd(
+    plan: FwdPlan,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    alibi_slopes: torch.Tensor | None,
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch a planned forward on tensors laid out as the plan's; returns (out, softmax_lse)."""
+    var, shape = plan.var, plan.shape
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)  # cheaper than torch.empty(shape, ...)
+    lse = q.new_empty(shape.lse_shape, dtype=torch.float32)  # cheaper than torch.empty(..., device=)
+    p = _fill(shape, q, k, v, out, lse, alibi_slopes)
+    if block_table is not None:
+        p.block_table, p.block_table_stride = block_table.data_ptr(), block_table.stride(0)
+        p.kv_batches, p.page_size = k.shape[0], k.shape[1]
+    if cu_seqlens_q is not None:
+        p.cu_seqlens_q, p.cu_seqlens_k = cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr()
+    if isinstance(var.cfg, Sm90FwdConfig):
+        p = _sm90_params(p, shape, var, q, k, v, out)
+    # The current stream's raw handle, as Inductor's generated code reads it: torch.cuda.current_stream() would
+    # build a Stream object on every call.
+    var.kernel.launch(plan.grid, var.block, var.smem, torch._C._cuda_getCurrentRawStream(q.device.index), p)
+    return out, lse
+
+
 def attention_fwd(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -148,34 +230,10 @@ def attention_fwd(
     cu_seqlens_k[b] keys in its pages. `out`, when given, is written in place (shape of q, last dim contiguous).
     `config` forces a tiling (benchmarks, the tuner); ValueError if it cannot run this key.
     """
-    varlen = cu_seqlens_q is not None
-    batch = cu_seqlens_q.numel() - 1 if varlen else q.shape[0]
-    kv, seqlen_k = "dense", k.shape[-3]  # the total when varlen
-    if block_table is not None:  # pages holding whole key tiles (block_n <= 128) are read tile by tile
-        kv, seqlen_k = ("paged" if k.shape[1] % 128 else "cache"), block_table.shape[1] * k.shape[1]
-    device = q.device.index
-    var = _variant(device, DTYPES[q.dtype], q.shape[-1], mask_kind(causal, window_size), softcap > 0,
-                   alibi_slopes is not None, varlen, config, kv, bucket=bucket_name("fwd", seqlen_k))
-    p, out, lse, shape = _params(q, k, v, out, batch, seqlen_k, causal=causal, window_size=window_size,
-                                 softmax_scale=softmax_scale, softcap=softcap, alibi_slopes=alibi_slopes)
-    nheads, seqlen_q = q.shape[-2], q.shape[-3]
-    if block_table is not None:
-        p.block_table, p.block_table_stride = block_table.data_ptr(), block_table.stride(0)
-        p.kv_batches, p.page_size = k.shape[0], k.shape[1]
-    if varlen:
-        p.cu_seqlens_q, p.cu_seqlens_k = cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr()
-        grid = (varlen_tiles(seqlen_q, batch, var.cfg.block_m), nheads, 1)
-    else:
-        grid = (-(-seqlen_q // var.cfg.block_m), nheads, batch)
-    if isinstance(var.cfg, Sm90FwdConfig):  # a 1-D grid of query tiles; persistent: as many CTAs as fit walk them
-        p = _sm90_params(p, shape, var, q, k, v, out)
-        tiles = grid[0] * grid[1] * grid[2]
-        resident = driver.sm_count(device) * var.cfg.ctas_per_sm
-        grid = (min(tiles, resident) if var.cfg.persistent else tiles, 1, 1)
-    # The current stream's raw handle, as Inductor's generated code reads it: torch.cuda.current_stream() would
-    # build a Stream object on every call.
-    var.kernel.launch(grid, var.block, var.smem, torch._C._cuda_getCurrentRawStream(device), p)
-    return out, lse
+    plan = plan_fwd(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
+                    alibi_slopes=alibi_slopes, cu_seqlens_q=cu_seqlens_q, block_table=block_table, out=out,
+                    config=config)
+    return run_fwd(plan, q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, block_table, out)
 
 
 _MAPS_BYTES = Sm90FwdParams.base.offset
@@ -239,8 +297,11 @@ def attention_fwd_kvcache(
     m_blocks = -(-rows // cfg.block_m)
     splits = cache.num_splits or choose_num_splits(batch * tile_heads * m_blocks, -(-seqlen_k // cfg.block_n), slots)
     var = _variant(device, dtype, head_dim, mask, *feats, cfg, kv, splits > 1, pack)
-    p, out, lse, _ = _params(q, k_cache, v_cache, None, batch, seqlen_k, causal=causal, window_size=window_size,
-                             softmax_scale=softmax_scale, softcap=softcap, alibi_slopes=alibi_slopes)
+    shape = _shape(q, k_cache, v_cache, _contiguous_strides(q.shape), batch, seqlen_k, causal=causal,
+                   window_size=window_size, softmax_scale=softmax_scale, softcap=softcap, alibi_slopes=alibi_slopes)
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = q.new_empty(shape.lse_shape, dtype=torch.float32)  # cheaper than torch.empty(..., device=)
+    p = _fill(shape, q, k_cache, v_cache, out, lse, alibi_slopes)
     for name, t in (("seqused_k", cache.seqused_k), ("leftpad_k", cache.leftpad_k),
                     ("kv_batch_idx", cache.batch_idx), ("block_table", cache.block_table)):
         if t is not None:
@@ -292,12 +353,13 @@ def _combine_kernel(device: int, dtype: str) -> driver.Kernel:
 
 class _Shape:
     """What a call's shapes, strides and score arguments fix: the parameter struct without tensor addresses (a
-    repeated shape copies it instead of setting ~30 ctypes fields), and the Hopper kernel's encoded TMA maps."""
+    repeated shape copies it instead of setting ~30 ctypes fields), softmax_lse's shape, and the Hopper kernel's
+    encoded TMA maps."""
 
-    __slots__ = ("params", "maps")
+    __slots__ = ("params", "lse_shape", "maps")
 
-    def __init__(self, params: FwdParams) -> None:
-        self.params, self.maps = params, {}
+    def __init__(self, params: FwdParams, lse_shape: tuple[int, ...]) -> None:
+        self.params, self.lse_shape, self.maps = params, lse_shape, {}
 
 
 # Cleared when full, so shapes that never repeat cannot grow it.
@@ -305,32 +367,45 @@ _shapes: dict[tuple, _Shape] = {}
 _SHAPES_MAX = 256
 
 
-def _params(q, k, v, out, batch: int, seqlen_k: int, **score) -> tuple[FwdParams, torch.Tensor, torch.Tensor, _Shape]:
-    """The parameter fields every forward launch fills, with the output (allocated unless given), lse and the
-    call's _Shape."""
-    *lead_q, nheads, _ = q.shape
-    seqlen_q, nheads_k, varlen = lead_q[-1], k.shape[-2], q.dim() == 3
-    if out is None:
-        out = torch.empty_like(q, memory_format=torch.contiguous_format)  # cheaper than torch.empty(shape, ...)
-    lse = torch.empty((nheads, seqlen_q) if varlen else (batch, nheads, seqlen_q), dtype=torch.float32,
-                      device=q.device)
+def _contiguous_strides(shape: torch.Size) -> tuple[int, ...]:
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= n
+    return tuple(reversed(strides))
+
+
+def _shape(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out_stride: tuple[int, ...], batch: int,
+           seqlen_k: int, **score) -> _Shape:
+    """The _Shape of a call whose output has strides `out_stride`."""
     alibi = score["alibi_slopes"]
-    key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), out.stride(), batch, seqlen_k, score["causal"],
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), out_stride, batch, seqlen_k, score["causal"],
            score["window_size"], score["softmax_scale"], score["softcap"], None if alibi is None else alibi.stride())
     shape = _shapes.get(key)
     if shape is None:
+        *lead_q, nheads, _ = q.shape
+        seqlen_q, nheads_k, varlen = lead_q[-1], k.shape[-2], q.dim() == 3
         check_grid(batch, nheads)
         template = FwdParams()
-        for prefix, t in (("q", q), ("k", k), ("v", v), ("o", out)):
+        for prefix, t in (("q", q), ("k", k), ("v", v)):
             set_strides(template, prefix, t)
+        o_strides = out_stride[:3] if len(out_stride) == 4 else (0, *out_stride[:2])
+        template.o_batch_stride, template.o_row_stride, template.o_head_stride = o_strides
         template.lse_batch_stride, template.lse_head_stride = (0, seqlen_q) if varlen else (nheads * seqlen_q, seqlen_q)
         set_score_fields(template, batch=batch, nheads=nheads, nheads_k=nheads_k, seqlen_q=seqlen_q,
                          seqlen_k=seqlen_k, **score)
         if len(_shapes) >= _SHAPES_MAX:
             _shapes.clear()
-        shape = _shapes[key] = _Shape(template)
+        lse_shape = (nheads, seqlen_q) if varlen else (batch, nheads, seqlen_q)
+        shape = _shapes[key] = _Shape(template, lse_shape)
+    return shape
+
+
+def _fill(shape: _Shape, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+          alibi_slopes: torch.Tensor | None) -> FwdParams:
+    """The shape's parameter template with this call's addresses."""
     p = FwdParams.from_buffer_copy(shape.params)
     p.q, p.k, p.v, p.o, p.lse = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr()
-    if alibi is not None:
-        p.alibi_slopes = alibi.data_ptr()
-    return p, out, lse, shape
+    if alibi_slopes is not None:
+        p.alibi_slopes = alibi_slopes.data_ptr()
+    return p
