@@ -5,6 +5,7 @@ backends and flash_attn.flash_attn_func (when installed), in one run.
 
     python3 benchmarks/bench_overhead.py [--calls 200] [--rounds 15] [--cases fwd,causal,fwd+bwd] [--json PATH]
     python3 benchmarks/bench_overhead.py --profile fwd+bwd   # where flash_gen's host time goes (cProfile)
+    python3 benchmarks/bench_overhead.py --steps             # host µs of each step of a forward call
 
 Shape: batch 1, seqlen 128, 4 heads, head dim 64, bf16, q/k/v (batch, seqlen, heads, head_dim) as flash_attn takes
 them. SDPA gets them as (batch, heads, seqlen, head_dim) transposed views and its output is transposed back, both
@@ -194,6 +195,62 @@ def profile_case(case: str, args: argparse.Namespace, cycles_per_us: float) -> N
         print(f"  {name:32s} {sum(t) / calls:8.1f} µs ({len(t)} calls)")
 
 
+def forward_steps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict[str, Callable]:
+    """The pieces of one eager flash_attn_func call (flash_gen internals, so this tracks the code), outermost
+    last, with PyTorch's own allocation and SDPA for scale."""
+    from flash_gen import ops
+    from flash_gen.runtime import fwd as rt
+    from flash_gen.validate import check_attn_args
+
+    attn = (None, None, None, False, -1, -1, 0.0, None)  # cu_seqlens_q/k, scale, causal, window, softcap, alibi
+    args = ops._checked(q, k, v, *attn).args
+    score = dict(softmax_scale=args.softmax_scale, causal=args.causal, window_size=args.window_size,
+                 softcap=args.softcap, alibi_slopes=None)
+    plan = rt.plan_fwd(q, k, v, **score)
+    out, lse = rt.run_fwd(plan, q, k, v, None)
+    params = rt._fill(plan.shape, q, k, v, out, lse, None)
+    if isinstance(plan.var.cfg, rt.Sm90FwdConfig):
+        params = rt._sm90_params(params, plan.shape, plan.var, q, k, v, out)
+    stream = torch._C._cuda_getCurrentRawStream(q.device.index)
+    grid = (1, 1, 1)  # one CTA: the launch's host cost does not depend on the grid
+    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    return {
+        "torch.empty_like (out)": lambda: torch.empty_like(q, memory_format=torch.contiguous_format),
+        "q.new_empty (lse)": lambda: q.new_empty(plan.shape.lse_shape, dtype=torch.float32),
+        "api: check_attn_args": lambda: check_attn_args(0.0, None, False, (-1, -1), 0.0, None, False, False),
+        "ops._checked (memo hit)": lambda: ops._checked(q, k, v, *attn),
+        "runtime: parameters (_fill + TMA maps)": lambda: (
+            rt._sm90_params(rt._fill(plan.shape, q, k, v, out, lse, None), plan.shape, plan.var, q, k, v, out)
+            if isinstance(plan.var.cfg, rt.Sm90FwdConfig) else rt._fill(plan.shape, q, k, v, out, lse, None)),
+        "runtime: cuLaunchKernel": lambda: plan.var.kernel.launch(grid, plan.var.block, plan.var.smem, stream,
+                                                                   params),
+        "runtime: plan_fwd (first call of a layout)": lambda: rt.plan_fwd(q, k, v, **score),
+        "runtime: run_fwd": lambda: rt.run_fwd(plan, q, k, v, None),
+        "ops.call(ops.fwd, ...)": lambda: ops.call(ops.fwd, q, k, v, *attn, False),
+        "flash_attn_func": lambda: flash_gen.flash_attn_func(q, k, v),
+        "SDPA-FLASH (no transposes)": lambda: F.scaled_dot_product_attention(qt, kt, vt),
+    }
+
+
+def time_steps(args: argparse.Namespace, cycles_per_us: float) -> None:
+    """Median host µs of each step of a forward call (100 calls per round, GPU asleep)."""
+    q, k, v = (torch.randn(BATCH, SEQLEN, HEADS, HDIM, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    steps = forward_steps(q, k, v)
+    rounds: dict[str, list[float]] = {name: [] for name in steps}
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        for fn in steps.values():
+            fn()
+        for _ in range(args.rounds):
+            for name, fn in steps.items():
+                us = timed_round(fn, 100, MIN_SLEEP_US * 4, cycles_per_us)
+                if us is not None:
+                    rounds[name].append(us)
+    print(f"host µs per step of a forward call, {BATCH}x{SEQLEN}x{HEADS}x{HDIM} bf16 on "
+          f"{torch.cuda.get_device_name()} (median of {args.rounds} rounds of 100 calls)")
+    for name, values in rounds.items():
+        print(f"  {name:44s} {statistics.median(values):6.2f}" if values else f"  {name:44s}   n/a")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--calls", type=int, default=200, help="calls per round (fwd+bwd: a quarter of them)")
@@ -202,6 +259,7 @@ def main() -> int:
     p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated subset of {','.join(CASES)}")
     p.add_argument("--json", default="", help="also write the results here")
     p.add_argument("--profile", choices=CASES, help="instead of timing, print a cProfile of flash_gen in this case")
+    p.add_argument("--steps", action="store_true", help="instead, time each step of flash_gen's forward call")
     args = p.parse_args()
     cases = [c for c in args.cases.split(",") if c]
     if unknown := set(cases) - set(CASES):
@@ -214,6 +272,9 @@ def main() -> int:
     cycles_per_us = sleep_cycles_per_us()
     if args.profile:
         profile_case(args.profile, args, cycles_per_us)
+        return 0
+    if args.steps:
+        time_steps(args, cycles_per_us)
         return 0
     results = {case: measure_case(case, args, cycles_per_us, fa, notes) for case in cases}
 

@@ -302,10 +302,12 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
     const int row0 = tile.row0;
     float slope = 0.f;
     if constexpr (T::kAlibi) slope = p.alibi_slopes[tile.batch * p.alibi_batch_stride + tile.head] * p.alibi_scale;
-    // S_n = Q K_n^T, modified (softcap, ALiBi), masked and turned into P_n in place (fp32).
+    // S_n = Q K_n^T, modified (softcap, ALiBi), masked and turned into P_n in place (fp32). Whether a key tile
+    // needs the element-wise mask is decided on this warpgroup's 64 rows, not the CTA's: with 192-row tiles a
+    // warpgroup meets the diagonal in fewer key tiles than the CTA does.
     auto scores = [&](int n) {
       apply_score_mods<T::kSoftcap, T::kAlibi>(s_rc, tScS_rc, row0, n * kBlockN, diag, p.score_scale, slope);
-      if (tile_is_cut<T::kMask>(row0, kBlockM, n * kBlockN, kBlockN, p.seqlen_k, diag, p.window_left,
+      if (tile_is_cut<T::kMask>(row0 + 64 * wg, 64, n * kBlockN, kBlockN, p.seqlen_k, diag, p.window_left,
                                 p.window_right)) {
         mask_tile<T::kMask>(s_rc, tScS_rc, row0, n * kBlockN, p.seqlen_k, diag, p.window_left, p.window_right);
       }
