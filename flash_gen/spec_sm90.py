@@ -2,8 +2,9 @@
 
 Issue 7: a TMA producer warpgroup and one to three wgmma consumer warpgroups (64 query rows each) with
 intra-warpgroup overlap, optional ping-pong and persistent CTAs (docs/hopper_forward.md). Keys are the forward's
-FwdKey; dense, unpacked keys on sm90 with head dims that are multiples of 64 are supported so far, with or
-without softcap and ALiBi. Must not import torch or cuda.
+FwdKey; dense, unpacked keys on sm90 with any head dim up to 256 are supported so far (computed as the next
+multiple of 64: TMA boxes of 64 columns zero-fill the columns past head_dim on load and drop them on store), with
+or without softcap and ALiBi. Must not import torch or cuda.
 """
 
 from __future__ import annotations
@@ -60,6 +61,11 @@ SM90_CONFIG_SPACE = {
 }
 
 
+def sm90_head_dim(key: FwdKey) -> int:
+    """Head dim the kernel computes with: the next multiple of 64 (one 128-byte swizzled TMA box row per 64)."""
+    return -(-key.head_dim // 64) * 64
+
+
 def needs_extended_wgmma(cfg: Sm90FwdConfig) -> bool:
     """Whether the S GEMM's N (block_n) needs CuTe's extended wgmma shapes to stay one instruction per k-step
     (the P V GEMM's N, the head dim, is a multiple of 64 and always basic)."""
@@ -76,7 +82,7 @@ def sm90_smem_bytes(key: FwdKey, cfg: Sm90FwdConfig) -> int:
     """Q plus `stages` K and V tiles (2-byte elements), an O staging tile in persistent CTAs (elsewhere O leaves
     through Q's buffer), then the mbarriers: Q full and empty, K/V full and empty per stage."""
     rows = cfg.block_m * (2 if cfg.persistent else 1) + 2 * cfg.stages * cfg.block_n
-    return 2 * key.head_dim * rows + BARRIER_BYTES * (2 + 4 * cfg.stages)
+    return 2 * sm90_head_dim(key) * rows + BARRIER_BYTES * (2 + 4 * cfg.stages)
 
 
 def sm90_infeasible_reason(key: FwdKey, cfg: Sm90FwdConfig) -> str | None:
@@ -86,8 +92,8 @@ def sm90_infeasible_reason(key: FwdKey, cfg: Sm90FwdConfig) -> str | None:
     unsupported = [f for f in ("varlen", "split", "pack_gqa") if getattr(key, f)]
     if unsupported or key.kv != "dense":
         return f"not supported yet: {', '.join(unsupported) or key.kv}"
-    if key.head_dim % 64:
-        return f"head_dim {key.head_dim} is not a multiple of 64 (128-byte swizzled rows)"
+    if key.head_dim % 8 or key.head_dim > 256:
+        return f"head_dim {key.head_dim} is not a multiple of 8 up to 256 (16-byte TMA strides)"
     if cfg.block_n % 16 or not 16 <= cfg.block_n <= 256:
         return f"block_n {cfg.block_n} must be a multiple of 16 in [16, 256] (the wgmma N)"
     if cfg.stages < 2:
@@ -98,7 +104,7 @@ def sm90_infeasible_reason(key: FwdKey, cfg: Sm90FwdConfig) -> str | None:
         return f"block_m {cfg.block_m} must be 64, 128 or 192 (one to three consumer warpgroups of 64 rows)"
     if cfg.pingpong and cfg.consumers == 1:
         return "ping-pong needs two or more consumer warpgroups"
-    regs = (cfg.block_n // 2 + cfg.block_n // 4 + key.head_dim // 2)  # 64 rows over 128 threads: S, P, O
+    regs = (cfg.block_n // 2 + cfg.block_n // 4 + sm90_head_dim(key) // 2)  # 64 rows over 128 threads: S, P, O
     budget = CONSUMER_REGISTERS[cfg.consumers] - ADDRESSING_REGISTERS
     if regs > budget:
         return f"{regs} tile registers per consumer thread (S, P, O) exceed {budget} with {cfg.consumers} consumers"

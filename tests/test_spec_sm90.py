@@ -22,7 +22,6 @@ def test_config_names_round_trip_and_other_names_are_not_sm90():
 
 @pytest.mark.parametrize("key,cfg,reason", [
     (FwdKey("sm80", "bf16", 128), Sm90FwdConfig(), "sm90"),
-    (FwdKey("sm90", "bf16", 96), Sm90FwdConfig(), "multiple of 64"),
     (FwdKey("sm90", "bf16", 128, varlen=True), Sm90FwdConfig(), "varlen"),
     (FwdKey("sm90", "bf16", 256), Sm90FwdConfig(128), "tile registers"),
     (FwdKey("sm90", "bf16", 64), Sm90FwdConfig(24), "multiple of 16"),
@@ -34,6 +33,15 @@ def test_config_names_round_trip_and_other_names_are_not_sm90():
 def test_infeasible_reason_explains_rejections(key, cfg, reason):
     why = sm90_infeasible_reason(key, cfg)
     assert why is not None and reason in why
+
+
+def test_head_dims_compute_as_the_next_multiple_of_64():
+    from flash_gen.spec_sm90 import sm90_head_dim
+
+    assert [sm90_head_dim(FwdKey("sm90", "bf16", d)) for d in (8, 64, 72, 128, 160, 256)] == [64, 64, 128, 128, 192, 256]
+    assert sm90_smem_bytes(FwdKey("sm90", "bf16", 96), Sm90FwdConfig()) == sm90_smem_bytes(
+        FwdKey("sm90", "bf16", 128), Sm90FwdConfig())
+    assert sm90_infeasible_reason(FwdKey("sm90", "bf16", 96), Sm90FwdConfig()) is None
 
 
 def test_renders_and_compiles_without_spills_on_wgmma(tmp_path, monkeypatch):

@@ -14,7 +14,13 @@ import jinja2
 
 from flash_gen.spec import FwdConfig, FwdKey, infeasible_reason, smem_bytes
 from flash_gen.spec_bwd import BwdConfig, BwdKey, bwd_head_dim_mma, bwd_infeasible_reason, bwd_smem_bytes
-from flash_gen.spec_sm90 import Sm90FwdConfig, needs_extended_wgmma, sm90_infeasible_reason, sm90_smem_bytes
+from flash_gen.spec_sm90 import (
+    Sm90FwdConfig,
+    needs_extended_wgmma,
+    sm90_head_dim,
+    sm90_infeasible_reason,
+    sm90_smem_bytes,
+)
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
 INCLUDE_DIR = TEMPLATE_DIR / "include"
@@ -65,7 +71,8 @@ def render_fwd_sm90(key: FwdKey, cfg: Sm90FwdConfig) -> str:
 
 def render_fwd_sm90_many(variants: Sequence[tuple[FwdKey, Sm90FwdConfig]]) -> str:
     """One translation unit holding the Hopper forward kernel of every (key, config) in `variants`."""
-    items = _items(variants, sm90_infeasible_reason, lambda key, cfg: {"smem_bytes": sm90_smem_bytes(key, cfg)})
+    items = _items(variants, sm90_infeasible_reason,
+                   lambda key, cfg: {"smem_bytes": sm90_smem_bytes(key, cfg), "head_dim": sm90_head_dim(key)})
     extended = any(needs_extended_wgmma(cfg) for _, cfg in variants)
     return _env().get_template("fwd_sm90.cu.j2").render(variants=items, extended_wgmma=extended)
 

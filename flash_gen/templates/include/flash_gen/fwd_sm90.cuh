@@ -34,6 +34,8 @@ template <class Element_, int kHeadDim_, int kConsumers_, int kBlockN_, int kSta
           bool kPersistent_, Mask kMask_, bool kSoftcap_, bool kAlibi_>
 struct Sm90FwdTraits {
   using Element = Element_;
+  // The head dim rounded up to 64 (flash_gen.spec_sm90.sm90_head_dim): the TMA boxes zero-fill the columns past
+  // the tensors' own head dim on load and skip them on store, so zero columns add nothing to S and O.
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kConsumers = kConsumers_;  // consumer warpgroups; with one, two CTAs share an SM
   static constexpr int kBlockM = 64 * kConsumers;  // 64 rows (the wgmma M) per consumer warpgroup
