@@ -117,12 +117,13 @@ def sm90_infeasible_reason(key: FwdKey, cfg: Sm90FwdConfig) -> str | None:
 
 def default_sm90_config(key: FwdKey) -> Sm90FwdConfig | None:
     """The Hopper kernel's tiling for `key`, or None where it does not support the key. From the H200 sweeps of
-    2026-11-30 (docs/benchmarks.md): 128-key steps up to head dim 128, 64 above (80 and 144-176 keys measured
-    20-30% slower, but then compiled to N = 16 wgmmas: to be measured again); at head dim 64 three consumer
+    2026-11-30 (docs/benchmarks.md): 128-key steps up to head dim 128, 64 above (80 and 144-176 keys level to 11%
+    slower, measured again with single wgmmas per k-step); at head dim 64 three consumer
     warpgroups (192 rows: 2-10% over 128 rows); at 128 persistent CTAs (O staged apart from Q, tiles snaking
     longest first: 2-7% over one CTA per tile); at 64 and 256 no persistent CTAs (spills at 64; at 256 Q, O and
     two K/V stages exceed shared memory). Ping-pong only where it measured ahead: the three warpgroups of head
-    dim 64."""
+    dim 64. Other head dims take the tiling of the multiple of 64 they are computed as (sm90_head_dim): at 32, 96
+    and 160 that ran 1.0-1.9x the portable kernel's defaults (H200, 2026-11-30)."""
     if key.head_dim <= 64:
         cfg = Sm90FwdConfig(128, 2, pingpong=True, block_m=192)
     elif key.head_dim <= 128:
