@@ -68,15 +68,20 @@ def test_foreign_or_corrupt_entries_fall_back(tmp_path, monkeypatch, helpers_onl
     assert library.Library.open(out).cubin("sm90", entry, rec.source_key) is not None
 
 
-def test_cli_info_names_default_and_tuned_tilings(capsys):
+def test_cli_info_names_default_and_tuned_tilings(capsys, monkeypatch):
     from flash_gen import cli
 
-    assert cli.main(["info", "fwd_sm90_bf16_hd96_causal"]) == 0
+    assert cli.main(["info", "fwd_sm90_bf16_hd96_causal"]) == 0  # tuned before the Hopper kernel: stale
     out = capsys.readouterr().out
-    assert "default tiling m128n64w4s1_vlate" in out and "tuned s<=4k: m128n64w4s2 " in out
-    assert cli.main(["info", "fwd_sm90_bf16_hd256_causal"]) == 0  # tuned before the Hopper kernel: stale
+    assert "default tiling wgm128n128s2_persist " in out and "tuned s<=4k: m128n64w4s2 (stale" in out
+    key = FwdKey("sm90", "bf16", 256, "causal")
+    hopper = fwd_tilings.default_config(key)
+    db = tuned.TunedDb("sm90")
+    db.record(key.name, "s<=4k", tuned.Entry("wgm128n80s2", 1.0, hopper.name, 1.1, "gpu", "drv", "now", 3))
+    monkeypatch.setattr(tuned, "shipped", lambda arch: db)
+    assert cli.main(["info", key.name]) == 0
     out = capsys.readouterr().out
-    assert "default tiling wgm128n64s2 " in out and "tuned s<=4k: m64n64w4s1 (stale" in out
+    assert f"default tiling {hopper.name} " in out and "tuned s<=4k: wgm128n80s2 " in out and "stale" not in out
 
 
 def test_wheel_installs_and_is_discovered_in_a_fresh_venv(tmp_path, monkeypatch, helpers_only):
