@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_space_is_the_templates_declaration():
     fwd = space.Family("fwd", "sm90", "bf16", 128, "causal")  # the Hopper kernel's keys search its own axes
-    portable = space.Family("fwd", "sm90", "bf16", 96, "causal")
+    portable = space.Family("fwd", "sm80", "bf16", 96, "causal")
     bwd = space.Family("bwd", "sm90", "bf16", 128, "causal")
     assert space.axes(fwd) == spec_sm90.SM90_CONFIG_SPACE and space.axes(portable) == spec.CONFIG_SPACE
     assert space.axes(bwd) == spec_bwd.BWD_CONFIG_SPACE
@@ -37,7 +37,7 @@ def test_space_is_the_templates_declaration():
 
 
 def test_static_model_rejects_before_compiling():
-    fam = space.Family("fwd", "sm90", "bf16", 96, "none")
+    fam = space.Family("fwd", "sm80", "bf16", 96, "none")
     too_big = spec.FwdConfig(128, 128, 8, 2)  # 256 KiB of shared memory at head dim 256
     assert "shared memory" in space.infeasible(space.Family("fwd", "sm80", "bf16", 256, "none"), too_big)
     regs = spec.FwdConfig(128, 128, 4, 1)  # accumulators alone exceed the register budget

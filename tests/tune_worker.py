@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from flash_gen.search import space
 from flash_gen.search.study import open_study, search
 
-FAMILY = space.Family("fwd", "sm90", "bf16", 96, "causal")  # a portable-kernel family
+FAMILY = space.Family("fwd", "sm80", "bf16", 96, "causal")  # a portable-kernel family
 
 
 def objective(cfg) -> float:
