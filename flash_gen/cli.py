@@ -88,7 +88,8 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         table.add_column(col, justify="left" if col in ("kernel", "config", "status") else "right")
     for c in done:
         r = c.result
-        status = "[green]ok" if c.ok else ("[red]FAILED" if r is None else "[red]spills")
+        status = ("[green]ok" if c.ok else "[red]FAILED" if r is None else "[red]spills" if r.spills
+                  else "[red]wgmma serialized")
         nums = ("-",) * 5 if r is None else (
             r.registers, r.spill_stores, r.spill_loads, r.stack_frame, f"{r.static_smem}+{_smem(c.key, c.cfg)}"
         )
@@ -110,7 +111,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         console.print(f"wrote sources, PTX and cubins to {args.out}")
     bad = sum(not c.ok for c in done)
     if bad:
-        console.print(f"[red]{bad} of {len(done)} kernels failed to compile or spilled")
+        console.print(f"[red]{bad} of {len(done)} kernels failed to compile, spilled or had their wgmmas serialized")
     return 1 if bad else 0
 
 

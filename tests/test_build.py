@@ -87,9 +87,16 @@ def test_ptxas_report_reads_only_the_entry():
     )
     assert nvrtc._parse_ptxas_report(log, "k", "sm80") == {
         "registers": 255, "stack_frame": 24, "spill_stores": 12, "spill_loads": 8, "static_smem": 1024,
+        "wgmma_serialized": False,
     }
     with pytest.raises(errors.CompileError, match="extern"):
         nvrtc._parse_ptxas_report(log, "missing", "sm80")
+    # ptxas's wgmma serialisation notice names the function; only that entry gets the flag
+    notice = ("ptxas info    : (C7515) Potential Performance Loss: wgmma.mma_async instructions are serialized due to"
+              " non wgmma instructions defining accumulator registers of a wgmma between start and end of the"
+              " pipeline stage in the function 'k'\n")
+    assert nvrtc._parse_ptxas_report(log + notice, "k", "sm80")["wgmma_serialized"]
+    assert not nvrtc._parse_ptxas_report(log + notice, "other", "sm80")["wgmma_serialized"]
 
 
 def test_compile_error_carries_log_and_source(cache_dir):

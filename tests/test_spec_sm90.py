@@ -49,7 +49,8 @@ def test_renders_and_compiles_without_spills_on_wgmma(tmp_path, monkeypatch):
     variants = [(FwdKey("sm90", "bf16", 128, "causal"), Sm90FwdConfig()),
                 (FwdKey("sm90", "fp16", 64), Sm90FwdConfig(block_m=192)),  # three consumer warpgroups
                 (FwdKey("sm90", "fp16", 64, "local", softcap=True, alibi=True), Sm90FwdConfig()),
-                (FwdKey("sm90", "bf16", 128), Sm90FwdConfig(176, pingpong=False))]  # an N outside CuTe's basic set
+                (FwdKey("sm90", "bf16", 128), Sm90FwdConfig(176, pingpong=False)),  # an N outside CuTe's basic set
+                (FwdKey("sm90", "bf16", 128, "causal"), Sm90FwdConfig(pingpong=False, persistent=True))]
     assert all(sm90_infeasible_reason(k, c) is None for k, c in variants)
     assert sm90_smem_bytes(*variants[0]) == 2 * 128 * (128 + 2 * 2 * 128) + 8 * (2 + 4 * 2)
     compiled = batches.compile_batch(variants)
@@ -57,6 +58,7 @@ def test_renders_and_compiles_without_spills_on_wgmma(tmp_path, monkeypatch):
         assert c.error is None, c.error
         r = c.result
         assert (r.spill_stores, r.spill_loads, r.stack_frame) == (0, 0, 0), f"{c.entry} spills"
+        assert not r.wgmma_serialized, f"{c.entry}: ptxas serialised its wgmmas (C7515)"
         assert "wgmma.mma_async.sync.aligned.m64n128k16.f32" in r.ptx  # S = QK^T and O += PV
         assert "cp.async.bulk.tensor.4d" in r.ptx and "mbarrier.try_wait.parity" in r.ptx  # TMA ring
         assert "setmaxnreg.inc.sync.aligned.u32 240" in r.ptx and "bar.arrive" in r.ptx  # consumers, ping-pong

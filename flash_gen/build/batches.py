@@ -27,7 +27,7 @@ class Compiled:
 
     @property
     def ok(self) -> bool:
-        return self.result is not None and not self.result.spills
+        return self.result is not None and not self.result.spills and not self.result.wgmma_serialized
 
 
 def compile_batch(variants: Sequence[tuple]) -> list[Compiled]:

@@ -177,6 +177,7 @@ def _write(
         "spill_loads": result.spill_loads,
         "stack_frame": result.stack_frame,
         "static_smem": result.static_smem,
+        "wgmma_serialized": result.wgmma_serialized,
         "nvrtc_version": "%d.%d" % nvrtc.nvrtc_version(),
         "options": nvrtc.compile_options_fingerprint(result.arch, options),
         "cubin_sha256": hashlib.sha256(result.cubin).hexdigest(),

@@ -124,6 +124,9 @@ class CompileResult:
     spill_loads: int
     stack_frame: int
     static_smem: int
+    # ptxas C7515: wgmmas serialised (each waits for the previous), which costs a Hopper kernel ~20% (2026-11-30:
+    # accumulator registers written by ordinary instructions while a wgmma was in flight).
+    wgmma_serialized: bool = False
 
     @property
     def spills(self) -> bool:
@@ -196,7 +199,7 @@ def _save_failed_source(source: str, entry: str, arch: str, opts: list[str], log
 _STACK = r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads"
 
 
-def _parse_ptxas_report(log: str, entry: str, arch: str) -> dict[str, int]:
+def _parse_ptxas_report(log: str, entry: str, arch: str) -> dict[str, int | bool]:
     """Resources of `entry` from the --ptxas-options=-v report, e.g.
         ptxas info    : Compiling entry function 'k' for 'sm_80'
         ptxas info    : Function properties for k
@@ -212,10 +215,12 @@ def _parse_ptxas_report(log: str, entry: str, arch: str) -> dict[str, int]:
             entry, arch, log + f"\n[flash_gen] no ptxas report for entry {entry!r}: is the kernel extern \"C\"?", None
         )
     smem = re.search(r"(\d+) bytes smem", used.group(2))
+    serialized = any("C7515" in line and f"'{entry}'" in line for line in log.splitlines())
     return {
         "registers": int(used.group(1)),
         "stack_frame": int(stack.group(1)),
         "spill_stores": int(stack.group(2)),
         "spill_loads": int(stack.group(3)),
         "static_smem": int(smem.group(1)) if smem else 0,
+        "wgmma_serialized": serialized,
     }
