@@ -70,7 +70,12 @@ def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvca
             causal, window = t.MASKS[c.mask]
             mask, _ = derive_mask(causal, window, sum(c.lens_q), sum(c.lens_k))
             feats = (c.feature == "softcap", c.feature == "alibi")
-            out.add(default(c.dtype, c.head_dim, mask, *feats, varlen=True))
+            key, cfg = default(c.dtype, c.head_dim, mask, *feats, varlen=True)
+            if c.sm90_config:
+                if arch != "sm90":
+                    continue
+                cfg = config_from_name(c.sm90_config)
+            out.add((key, cfg))
             out.add(default_bwd(c.dtype, c.head_dim, mask, *feats, c.deterministic, varlen=True))
         out.add(default("bf16", 64, "causal", varlen=True))  # the packed-variant and CUDA-graph tests
         out.update(default("bf16", 64, "causal", varlen=True, kv=kv) for kv in ("cache", "paged"))  # block_table

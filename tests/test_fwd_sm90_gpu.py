@@ -44,6 +44,8 @@ CASES = [  # dtype, head dim, config, mask, batch, seqlen_q, seqlen_k, nheads, n
     ("bf16", 128, "wgm128n128s2_persist", "causal", 4, 1000, 700, 8, 2, ""),
     ("fp16", 64, "wgm192n128s2p_persist", "none", 3, 777, 555, 16, 16, ""),
     ("bf16", 256, "wgm128n32s2p_persist", "win32_0", 2, 300, 900, 4, 1, ""),
+    ("bf16", 64, "wgm192n112s2p_persist", "causal", 3, 777, 555, 16, 16, "rising"),
+    ("bf16", 128, "wgm128n128s2p_persist", "causal", 2, 1000, 1300, 8, 2, ""),
     # score modifiers (softcap; ALiBi slopes per head or per batch entry and head)
     ("bf16", 128, "wgm128n128s2", "causal", 2, 300, 517, 4, 2, "softcap"),
     ("fp16", 64, "wgm192n128s2p", "none", 1, 257, 700, 4, 1, "alibi"),

@@ -109,9 +109,10 @@ def test_wheel_installs_and_is_discovered_in_a_fresh_venv(tmp_path, monkeypatch,
 def test_dispatch_picks_the_tuned_tiling_per_bucket(monkeypatch):
     from flash_gen.runtime import fwd
 
-    key = FwdKey("sm90", "bf16", 64, "none", varlen=True)  # a portable-kernel key
+    key = FwdKey("sm90", "bf16", 64, "none", kv="cache")  # a portable-kernel key
     db = tuned.TunedDb("sm90")
-    db.record(key.name, "s<=1k", tuned.Entry("m128n64w4s2_qreg", 1.0, "m128n64w4s1", 1.1, "gpu", "drv", "now", 3))
+    db.record(key.name, "s<=1k", tuned.Entry("m128n64w4s2_qreg", 1.0, default_config(key).name, 1.1, "gpu", "drv",
+                                             "now", 3))
     monkeypatch.setattr(tuned, "shipped", lambda arch: db)
     assert fwd._config(key, "s<=1k") == config_from_name("m128n64w4s2_qreg")
     assert fwd._config(key, "s>4k") == default_config(key)  # no entry: the default

@@ -5,12 +5,19 @@ which shows HGMMA and UTMALDG, is checked on the GPU machine in tests/test_fwd_s
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import pytest
 
 from flash_gen.build import batches
 from flash_gen.spec import FwdKey
-from flash_gen.spec_sm90 import Sm90FwdConfig, sm90_config_from_name, sm90_infeasible_reason, sm90_smem_bytes
+from flash_gen.spec_sm90 import (
+    Sm90FwdConfig,
+    default_sm90_config,
+    sm90_config_from_name,
+    sm90_infeasible_reason,
+    sm90_smem_bytes,
+)
 
 
 def test_config_names_round_trip_and_other_names_are_not_sm90():
@@ -22,7 +29,8 @@ def test_config_names_round_trip_and_other_names_are_not_sm90():
 
 @pytest.mark.parametrize("key,cfg,reason", [
     (FwdKey("sm80", "bf16", 128), Sm90FwdConfig(), "sm90"),
-    (FwdKey("sm90", "bf16", 128, varlen=True), Sm90FwdConfig(), "varlen"),
+    (FwdKey("sm90", "bf16", 128, varlen=True), Sm90FwdConfig(persistent=True), "varlen"),
+    (FwdKey("sm90", "bf16", 128, kv="cache"), Sm90FwdConfig(), "not supported"),
     (FwdKey("sm90", "bf16", 256), Sm90FwdConfig(128), "tile registers"),
     (FwdKey("sm90", "bf16", 64), Sm90FwdConfig(24), "multiple of 16"),
     (FwdKey("sm90", "bf16", 128), Sm90FwdConfig(128, 4), "shared memory"),
@@ -33,6 +41,13 @@ def test_config_names_round_trip_and_other_names_are_not_sm90():
 def test_infeasible_reason_explains_rejections(key, cfg, reason):
     why = sm90_infeasible_reason(key, cfg)
     assert why is not None and reason in why
+
+
+def test_varlen_defaults_run_one_cta_per_tile():
+    for d in (64, 96, 128, 256):
+        dense, packed = (default_sm90_config(FwdKey("sm90", "bf16", d, "causal", varlen=v)) for v in (False, True))
+        assert packed is not None and not packed.persistent
+        assert dataclasses.replace(packed, persistent=dense.persistent) == dense
 
 
 def test_head_dims_compute_as_the_next_multiple_of_64():

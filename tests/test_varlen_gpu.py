@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from flash_gen import flash_attn_varlen_func, flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func
+from flash_gen.spec_sm90 import sm90_config_from_name
 from flash_gen.validate import validate_fwd
 
 from attn_reference import DTYPES, MASKS, SOFTCAP, attention_ref, fresh_seed
@@ -33,13 +34,15 @@ class Case:
     mask: str
     feature: str = "plain"  # plain | softcap | alibi
     deterministic: bool = False
+    sm90_config: str = ""  # a Hopper forward tiling forced (sm_90 GPUs only); "": the runtime's choice
 
     def __str__(self) -> str:
         lens = "_".join(f"{a}x{b}" for a, b in zip(self.lens_q[:4], self.lens_k[:4]))
         more = f"+{len(self.lens_q) - 4}" if len(self.lens_q) > 4 else ""
         det = "-det" if self.deterministic else ""
+        cfg = f"-{self.sm90_config}" if self.sm90_config else ""
         return (f"{self.dtype}-d{self.head_dim}-{lens}{more}-h{self.nheads}_{self.nheads_k}-{self.mask}"
-                f"-{self.feature}{det}")
+                f"-{self.feature}{det}{cfg}")
 
 
 def _cases() -> list[Case]:
@@ -53,6 +56,11 @@ def _cases() -> list[Case]:
               Case("bf16", 128, (1000, 3), (999, 1500), 4, 2, "none", deterministic=True)]
     many = tuple(rng.choice((0, 1, 17, 64, 65, 150)) for _ in range(70))  # three 32-entry scan steps
     cases.append(Case("bf16", 64, many, tuple(reversed(many)), 2, 1, "causal"))
+    # Hopper forward tilings the defaults do not reach (the defaults above run it on sm_90 too)
+    cases += [Case("bf16", 256, ragged_q, ragged_k, 2, 1, "causal", sm90_config="wgm128n64s2"),
+              Case("fp16", 64, ragged_q, ragged_k, 4, 2, "win32_0", "softcap", sm90_config="wgm64n128s2"),
+              Case("bf16", 128, many, tuple(reversed(many)), 2, 1, "none", "alibi", sm90_config="wgm128n128s3p"),
+              Case("bf16", 96, ragged_q, ragged_q, 4, 4, "causal", sm90_config="wgm128n128s2p")]
     return cases
 
 
@@ -117,6 +125,11 @@ def test_varlen_matches_reference(case: Case):
     from flash_gen.runtime.bwd import attention_bwd
     from flash_gen.runtime.fwd import attention_fwd
 
+    config = None
+    if case.sm90_config:
+        if torch.cuda.get_device_capability() != (9, 0):
+            pytest.skip("forces a Hopper forward tiling: needs an sm_90 GPU")
+        config = sm90_config_from_name(case.sm90_config)
     seed = fresh_seed()
     where = f"{case} seed={seed}"
     q, k, v, dout, alibi = _inputs(case, seed)
@@ -126,7 +139,7 @@ def test_varlen_matches_reference(case: Case):
     norm = dict(softmax_scale=args.softmax_scale, causal=args.causal, window_size=args.window_size,
                 softcap=args.softcap, alibi_slopes=alibi, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
     out = torch.full_like(q, float("nan"))
-    out, lse = attention_fwd(q, k, v, out=out, **norm)
+    out, lse = attention_fwd(q, k, v, out=out, config=config, **norm)
     grads = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))
     attention_bwd(dout, q, k, v, out, lse, *grads, deterministic=case.deterministic, **norm)
 

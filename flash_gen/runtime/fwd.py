@@ -242,8 +242,8 @@ _MAPS_PER_SHAPE = 64  # address sets kept per shape (a training loop cycles thro
 
 def _sm90_params(p: FwdParams, shape: _Shape, var: _Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  out: torch.Tensor) -> Sm90FwdParams:
-    """The Hopper kernel's parameters: `p` after TMA maps of q (boxes of a query tile's rows), k, v (a key
-    tile's) and out (a consumer warpgroup's 64 rows). A map depends only on the address, shape, strides, dtype
+    """The Hopper kernel's parameters: `p` after TMA maps of q and out (boxes of a consumer warpgroup's 64 rows)
+    and of k and v (a key tile's rows). A map depends only on the address, shape, strides, dtype
     and box, so the encoded maps are kept per shape under (variant, addresses): a repeated call (the caching
     allocator hands out the same blocks step after step) copies 512 bytes instead of encoding four maps."""
     key = (var, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr())
@@ -251,9 +251,9 @@ def _sm90_params(p: FwdParams, shape: _Shape, var: _Variant, q: torch.Tensor, k:
     if maps is None:
         maps = (ctypes.c_uint8 * _MAPS_BYTES)()
         cfg = var.cfg
-        for field, t, rows in (("tma_q", q, cfg.block_m), ("tma_k", k, cfg.block_n), ("tma_v", v, cfg.block_n),
-                               ("tma_o", out, ROWS_PER_CONSUMER)):
-            tma.encode_rows(maps, getattr(Sm90FwdParams, field).offset, t, rows)
+        for field, t, rows in (("tma_q", q, ROWS_PER_CONSUMER), ("tma_k", k, cfg.block_n),
+                               ("tma_v", v, cfg.block_n), ("tma_o", out, ROWS_PER_CONSUMER)):
+            tma.encode_rows(maps, getattr(Sm90FwdParams, field).offset, t if t.dim() == 4 else t[None], rows)
         if len(shape.maps) >= _MAPS_PER_SHAPE:
             shape.maps.clear()
         shape.maps[key] = maps
@@ -308,7 +308,7 @@ def attention_fwd_kvcache(
             setattr(p, name, t.data_ptr())
     p.kv_batches, p.page_size = k_cache.shape[0], page_size
     p.block_table_stride = cache.block_table.stride(0) if paged else 0
-    p.num_splits, p.head_dim = splits, head_dim
+    p.num_splits = splits
     stream = torch._C._cuda_getCurrentRawStream(device)
     if splits == 1:
         var.kernel.launch((m_blocks, tile_heads, batch), var.block, var.smem, stream, p)
@@ -394,6 +394,7 @@ def _shape(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out_stride: tuple[
         template.lse_batch_stride, template.lse_head_stride = (0, seqlen_q) if varlen else (nheads * seqlen_q, seqlen_q)
         set_score_fields(template, batch=batch, nheads=nheads, nheads_k=nheads_k, seqlen_q=seqlen_q,
                          seqlen_k=seqlen_k, **score)
+        template.head_dim = q.shape[-1]
         if len(_shapes) >= _SHAPES_MAX:
             _shapes.clear()
         lse_shape = (nheads, seqlen_q) if varlen else (batch, nheads, seqlen_q)

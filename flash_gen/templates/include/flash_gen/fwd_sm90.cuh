@@ -11,8 +11,8 @@
 // Q and first K/V loads overlap the previous tile's epilogue (O has a staging buffer of its own) and no CTA launch
 // sits between tiles; otherwise each CTA serves one tile (the loops below run once, and the registers that carry
 // state across tiles are free). Same FwdParams, masks, score modifiers (softcap, ALiBi) and softmax conventions
-// as the portable kernel (fwd_sm80.cuh), with its own softmax step (online_softmax.cuh); dense K/V only (no
-// varlen or KV cache yet). O leaves through shared memory and TMA stores.
+// as the portable kernel (fwd_sm80.cuh), with its own softmax step (online_softmax.cuh); dense or packed ragged
+// (varlen) batches, no KV cache yet. O leaves through shared memory and TMA stores (varlen: plain stores).
 #pragma once
 // Key tiles outside CuTe's basic wgmma N set need CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED defined before this header
 // (fwd_sm90.cu.j2 does it): otherwise its op selector splits, say, N = 176 into eleven N = 16 instructions.
@@ -24,6 +24,7 @@
 #include "flash_gen/fwd_sm90_params.cuh"
 #include "flash_gen/online_softmax.cuh"
 #include "flash_gen/score_mods.cuh"
+#include "flash_gen/seq_info.cuh"
 #include "flash_gen/sm80_utils.cuh"
 #include "flash_gen/sm90_sync.cuh"
 #include "flash_gen/visible_keys.cuh"
@@ -31,7 +32,7 @@
 namespace flash_gen {
 
 template <class Element_, int kHeadDim_, int kConsumers_, int kBlockN_, int kStages_, bool kPingPong_,
-          bool kPersistent_, Mask kMask_, bool kSoftcap_, bool kAlibi_>
+          bool kPersistent_, Mask kMask_, bool kSoftcap_, bool kAlibi_, bool kVarlen_>
 struct Sm90FwdTraits {
   using Element = Element_;
   // The head dim rounded up to 64 (flash_gen.spec_sm90.sm90_head_dim): the TMA boxes zero-fill the columns past
@@ -54,6 +55,8 @@ struct Sm90FwdTraits {
   static constexpr Mask kMask = kMask_;
   static constexpr bool kSoftcap = kSoftcap_;
   static constexpr bool kAlibi = kAlibi_;
+  static constexpr bool kVarlen = kVarlen_;  // packed ragged batch (seq_info.cuh); one CTA per tile
+  static_assert(!(kVarlen && kPersistent_), "varlen tiles are found by a warp-collective scan, once per CTA");
   static constexpr int kBoxCols = 64;  // a TMA box row is one 128-byte swizzle row
   static_assert(kHeadDim % kBoxCols == 0, "128-byte swizzled rows: head dim a multiple of 64");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma N and TMA box rows");
@@ -130,29 +133,60 @@ constexpr long long kL2SectionBytes = 24ll << 20;  // about half the H100/H200 L
 template <class T>
 struct Sm90Tile {
   int m_block, head, head_k, batch, row0, n_min, n_max;
+  int idle_wgs;  // leading consumer warpgroups whose 64 rows all lie before row 0
+  // The entry's rows: dense, seqlen_q/k of every entry, reached through the TMA maps' batch coordinate
+  // (tma_batch); varlen, rows [q_start, q_start + seqlen_q) of the packed tensors (tma_batch 0).
+  int q_start = 0, k_start = 0, seqlen_q, seqlen_k, tma_batch;
+  bool valid = true;  // varlen: false for the CTAs past the last tile (the grid is an upper bound)
 
+  // Dense: tile t of m_blocks per (batch, head). Varlen (warp-collective: every lane of the warp calls it): tile
+  // t of a grid of gridDim.x = nheads x (a bound on the summed per-entry tiles), head-major.
   __device__ __forceinline__ Sm90Tile(FwdParams const& p, int m_blocks, int t) {
-    int hb;
-    if constexpr (MaskBounds<T::kMask>::kRight && T::kPersistent) {
-      const long long kv_bytes = 2ll * p.seqlen_k * T::kHeadDim * int(sizeof(typename T::Element));
-      const int pairs = p.nheads * p.batch;
-      const int section = int(max(1ll, min(static_cast<long long>(pairs), kL2SectionBytes / max(kv_bytes, 1ll))));
-      const int sec = t / (section * m_blocks), base = sec * section;
-      const int width = min(section, pairs - base), r = t - base * m_blocks;
-      m_block = m_blocks - 1 - r / width;
-      hb = base + r % width;
+    if constexpr (T::kVarlen) {
+      const int per_head = gridDim.x / p.nheads;
+      head = t / per_head;
+      const int2 e = varlen_tile(p.cu_seqlens_q, p.batch, p.seqlen_q, t % per_head,
+                                 [](int len) { return (len + T::kBlockM - 1) / T::kBlockM; });
+      valid = e.x >= 0;
+      batch = max(e.x, 0);
+      packed_range(p.cu_seqlens_q, batch, p.seqlen_q, q_start, seqlen_q);
+      packed_range(p.cu_seqlens_k, batch, p.seqlen_k, k_start, seqlen_k);
+      m_blocks = (seqlen_q + T::kBlockM - 1) / T::kBlockM;
+      m_block = MaskBounds<T::kMask>::kRight ? m_blocks - 1 - e.y : e.y;
+      tma_batch = 0;
     } else {
-      m_block = MaskBounds<T::kMask>::kRight ? m_blocks - 1 - t % m_blocks : t % m_blocks;
-      hb = t / m_blocks;
+      int hb;
+      if constexpr (MaskBounds<T::kMask>::kRight && T::kPersistent) {
+        const long long kv_bytes = 2ll * p.seqlen_k * T::kHeadDim * int(sizeof(typename T::Element));
+        const int pairs = p.nheads * p.batch;
+        const int section = int(max(1ll, min(static_cast<long long>(pairs), kL2SectionBytes / max(kv_bytes, 1ll))));
+        const int sec = t / (section * m_blocks), base = sec * section;
+        const int width = min(section, pairs - base), r = t - base * m_blocks;
+        m_block = m_blocks - 1 - r / width;
+        hb = base + r % width;
+      } else {
+        m_block = MaskBounds<T::kMask>::kRight ? m_blocks - 1 - t % m_blocks : t % m_blocks;
+        hb = t / m_blocks;
+      }
+      head = hb % p.nheads;
+      batch = tma_batch = hb / p.nheads;
+      seqlen_q = p.seqlen_q;
+      seqlen_k = p.seqlen_k;
     }
-    head = hb % p.nheads;
-    batch = hb / p.nheads;
     head_k = head / (p.nheads / p.nheads_k);
-    row0 = m_block * T::kBlockM;
-    visible_key_tiles<T::kMask, T::kBlockN>(row0, min(row0 + T::kBlockM, p.seqlen_q) - 1, p.seqlen_k,
-                                            p.seqlen_k - p.seqlen_q, p.window_left, p.window_right, n_min, n_max);
+    // Under right-bounded masks the ragged tile is the first: the shortest tile, so its idle rows cost the fewest
+    // key steps (192-row tiles over a causal 2k triangle: 12% more than the triangle instead of 18% with the
+    // ragged tile last). The shift is in whole warpgroups, so a warpgroup's rows are all idle (negative: not
+    // loaded, not stored) or start at a row >= 0: TMA coordinates stay non-negative.
+    const int shift = MaskBounds<T::kMask>::kRight ? (m_blocks * T::kBlockM - seqlen_q) / 64 * 64 : 0;
+    row0 = m_block * T::kBlockM - shift;
+    idle_wgs = max(0, -row0) / 64;
+    visible_key_tiles<T::kMask, T::kBlockN>(max(row0, 0), min(row0 + T::kBlockM, seqlen_q) - 1, seqlen_k, diag(),
+                                            p.window_left, p.window_right, n_min, n_max);
     n_max = max(n_min, n_max);  // an empty tile: no key steps, O = 0 and lse = +inf
   }
+
+  __device__ __forceinline__ int diag() const { return seqlen_k - seqlen_q; }
 };
 
 // The tile a CTA serves in `round` (from 0): blockIdx.x, and with kPersistent one per round of gridDim.x tiles,
@@ -171,20 +205,24 @@ __device__ __forceinline__ int sm90_tile_of_round(int round) {
 template <class T>
 __device__ __forceinline__ void fwd_sm90_produce(Sm90FwdParams const& params, typename T::Barriers& bars,
                                                  typename T::Element* smem_q, typename T::Element* smem_k,
-                                                 typename T::Element* smem_v, int m_blocks, int tiles) {
+                                                 typename T::Element* smem_v, int m_blocks, int tiles,
+                                                 Sm90Tile<T> const& first) {
   constexpr int kBoxes = T::kHeadDim / T::kBoxCols, kBlockN = T::kBlockN;
   prefetch_tensor_map(params.tma_q);
   prefetch_tensor_map(params.tma_k);
   prefetch_tensor_map(params.tma_v);
   int it = 0;
   for (int round = 0, t = sm90_tile_of_round<T>(0); t < tiles; t = sm90_tile_of_round<T>(++round)) {
-    const Sm90Tile<T> tile(params.base, m_blocks, t);
+    const Sm90Tile<T> tile = T::kPersistent ? Sm90Tile<T>(params.base, m_blocks, t) : first;
     bars.q_empty.wait((round & 1) ^ 1);
-    bars.q_full.arrive_expect_tx(T::kQBytes);
-    CUTE_UNROLL
-    for (int c = 0; c < kBoxes; ++c) {
-      tma_load_4d(params.tma_q, bars.q_full, smem_q + c * T::kBlockM * T::kBoxCols, c * T::kBoxCols, tile.row0,
-                  tile.head, tile.batch);
+    // One box per 64-column slab and warpgroup; idle warpgroups' rows are not loaded.
+    bars.q_full.arrive_expect_tx(T::kQBytes / T::kConsumers * (T::kConsumers - tile.idle_wgs));
+    for (int w = tile.idle_wgs; w < T::kConsumers; ++w) {
+      CUTE_UNROLL
+      for (int c = 0; c < kBoxes; ++c) {
+        tma_load_4d(params.tma_q, bars.q_full, smem_q + (c * T::kBlockM + 64 * w) * T::kBoxCols, c * T::kBoxCols,
+                    tile.q_start + tile.row0 + 64 * w, tile.head, tile.tma_batch);
+      }
     }
     for (int n = tile.n_min; n < tile.n_max; ++n, ++it) {
       const int stage = it % T::kStages;
@@ -196,7 +234,7 @@ __device__ __forceinline__ void fwd_sm90_produce(Sm90FwdParams const& params, ty
         CUTE_UNROLL
         for (int c = 0; c < kBoxes; ++c) {
           tma_load_4d(map, full, smem + stage * kBlockN * T::kHeadDim + c * kBlockN * T::kBoxCols, c * T::kBoxCols,
-                      n * kBlockN, tile.head_k, tile.batch);
+                      tile.k_start + n * kBlockN, tile.head_k, tile.tma_batch);
         }
       };
       load(params.tma_k, bars.k_full[stage], bars.k_empty[stage], smem_k);
@@ -217,8 +255,11 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
   Element* smem_v = smem_k + kStages * kBlockN * kD;
   Element* smem_o = T::kSeparateO ? smem_v + kStages * kBlockN * kD : smem_q;
   Barriers& bars = *reinterpret_cast<Barriers*>(smem_v + kStages * kBlockN * kD + T::kOBytes / sizeof(Element));
-  const int m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
-  const int tiles = m_blocks * p.nheads * p.batch;
+  const int m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;  // dense only
+  const int tiles = T::kVarlen ? int(gridDim.x) : m_blocks * p.nheads * p.batch;
+  // The first tile, worked out by every warp (the varlen scan is warp-collective); a CTA serving one tile keeps it.
+  const Sm90Tile<T> first(p, m_blocks, sm90_tile_of_round<T>(0));
+  if (!first.valid) return;  // a varlen CTA past the last tile, before any barrier
 
   constexpr int kConsumerWarps = T::kConsumerThreads / 32;
   if (threadIdx.x == 0) {
@@ -237,7 +278,7 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
 
   if (threadIdx.x < 128) {
     release_registers<T::kProducerRegs>();
-    if (threadIdx.x == 0) fwd_sm90_produce<T>(params, bars, smem_q, smem_k, smem_v, m_blocks, tiles);
+    if (threadIdx.x == 0) fwd_sm90_produce<T>(params, bars, smem_q, smem_k, smem_v, m_blocks, tiles, first);
     return;
   }
   claim_registers<T::kConsumerRegs>();
@@ -272,7 +313,6 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
   // one in flight still accumulates under the old maxima); skipped by warps where no row's maximum was raised.
   float o_scale[kRows];
   bool o_scale_pending = false;
-  const int diag = p.seqlen_k - p.seqlen_q;
 
   // Ping-pong: warpgroup w may issue its GEMMs once warpgroup w - 1 (round robin) has issued its own: named
   // barrier 1 + w over 256 threads, 128 waiting here and 128 arriving from w - 1. Warpgroup 0 goes first. Every
@@ -300,8 +340,8 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
 
   int it = 0;  // key steps over all tiles, as the producer counts them
   for (int round = 0, t = sm90_tile_of_round<T>(0); t < tiles; t = sm90_tile_of_round<T>(++round)) {
-    const Sm90Tile<T> tile(p, m_blocks, t);
-    const int row0 = tile.row0;
+    const Sm90Tile<T> tile = T::kPersistent ? Sm90Tile<T>(p, m_blocks, t) : first;
+    const int row0 = tile.row0, diag = tile.diag();
     float slope = 0.f;
     if constexpr (T::kAlibi) slope = p.alibi_slopes[tile.batch * p.alibi_batch_stride + tile.head] * p.alibi_scale;
     // S_n = Q K_n^T, modified (softcap, ALiBi), masked and turned into P_n in place (fp32). Whether a key tile
@@ -309,9 +349,9 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
     // warpgroup meets the diagonal in fewer key tiles than the CTA does.
     auto scores = [&](int n) {
       apply_score_mods<T::kSoftcap, T::kAlibi>(s_rc, tScS_rc, row0, n * kBlockN, diag, p.score_scale, slope);
-      if (tile_is_cut<T::kMask>(row0 + 64 * wg, 64, n * kBlockN, kBlockN, p.seqlen_k, diag, p.window_left,
+      if (tile_is_cut<T::kMask>(row0 + 64 * wg, 64, n * kBlockN, kBlockN, tile.seqlen_k, diag, p.window_left,
                                 p.window_right)) {
-        mask_tile<T::kMask>(s_rc, tScS_rc, row0, n * kBlockN, p.seqlen_k, diag, p.window_left, p.window_right);
+        mask_tile<T::kMask>(s_rc, tScS_rc, row0, n * kBlockN, tile.seqlen_k, diag, p.window_left, p.window_right);
       }
       o_scale_pending = online_softmax_lazy(s_rc, row_max, row_sum, o_scale, p.scale_log2);
     };
@@ -384,15 +424,15 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
     release(bars.q_empty);  // this tile's S GEMMs have completed: the producer may load the next Q
 
     // Epilogue: normalise and write lse; O goes through this warpgroup's 64 rows of the O staging buffer and out
-    // with TMA stores, which skip rows past seqlen_q.
-    float* lse_ptr = p.lse + tile.batch * p.lse_batch_stride + tile.head * p.lse_head_stride;
+    // with TMA stores, which skip rows outside [0, seqlen_q) (varlen: 16-byte stores of the entry's rows).
+    float* lse_ptr = p.lse + tile.batch * p.lse_batch_stride + tile.head * p.lse_head_stride + tile.q_start;
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       const float sum = quad_sum(row_sum[r]);
       const bool empty = sum == 0.f || sum != sum;
       const float inv = empty ? 1.f : 1.f / sum;
       const int row = row0 + get<0>(tOcO_rc(r, 0));
-      if (row < p.seqlen_q && get<1>(tOcO_rc(r, 0)) == 0) {
+      if (row >= 0 && row < tile.seqlen_q && get<1>(tOcO_rc(r, 0)) == 0) {
         lse_ptr[row] = empty ? inf() : (row_max[r] * p.scale_log2 + log2f(sum)) * 0.69314718055994531f;
       }
       CUTE_UNROLL
@@ -404,15 +444,29 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
     // read it (the storing thread waits for that before it arrives here); through Q, the CTA's one tile is done.
     if constexpr (T::kSeparateO) named_barrier_sync(T::kConsumers + 1 + wg, 128);
     copy(o_out, thr_o.partition_C(sO));
-    fence_smem_for_async_proxy();  // the generic-proxy stores above, before TMA reads them
-    named_barrier_sync(T::kConsumers + 1 + wg, 128);
-    if (tidx % 128 == 0) {
-      CUTE_UNROLL
-      for (int c = 0; c < kD / T::kBoxCols; ++c) {
-        tma_store_4d(params.tma_o, smem_o + c * kBlockM * T::kBoxCols + wg * 64 * T::kBoxCols, c * T::kBoxCols,
-                     row0 + 64 * wg, tile.head, tile.batch);
+    if constexpr (T::kVarlen) {
+      // A TMA box of 64 rows would also write the neighbouring entries' rows. Consecutive threads take
+      // consecutive 16-byte chunks of a row (coalesced); chunks past the tensor's own head dim are padding.
+      named_barrier_sync(T::kConsumers + 1 + wg, 128);
+      constexpr int kChunks = kD / 8;
+      Element* o_rows = static_cast<Element*>(p.o) + tile.q_start * p.o_row_stride + tile.head * p.o_head_stride;
+      for (int i = tidx % 128; i < 64 * kChunks; i += 128) {
+        const int r = 64 * wg + i / kChunks, c = i % kChunks * 8, row = row0 + r;
+        if (row >= 0 && row < tile.seqlen_q && c < p.head_dim) {
+          *reinterpret_cast<uint4*>(o_rows + row * p.o_row_stride + c) = *reinterpret_cast<const uint4*>(&sO(r, c));
+        }
       }
-      tma_store_commit_and_wait();  // the stores have read shared memory
+    } else {
+      fence_smem_for_async_proxy();  // the generic-proxy stores above, before TMA reads them
+      named_barrier_sync(T::kConsumers + 1 + wg, 128);
+      if (tidx % 128 == 0 && wg >= tile.idle_wgs) {
+        CUTE_UNROLL
+        for (int c = 0; c < kD / T::kBoxCols; ++c) {
+          tma_store_4d(params.tma_o, smem_o + c * kBlockM * T::kBoxCols + wg * 64 * T::kBoxCols, c * T::kBoxCols,
+                       row0 + 64 * wg, tile.head, tile.batch);
+        }
+        tma_store_commit_and_wait();  // the stores have read shared memory
+      }
     }
   }
 }

@@ -10,8 +10,8 @@ struct alignas(64) TensorMap {
   unsigned char bytes[128];
 };
 
-// The portable kernel's parameters after TMA maps of q, k, v, o (b, s, h, d) with boxes of 64 columns by a tile's
-// rows (q, k, v; loads) or by one consumer warpgroup's 64 rows (o; stores).
+// The portable kernel's parameters after TMA maps of q, k, v, o (b, s, h, d) with boxes of 64 columns by one
+// consumer warpgroup's 64 rows (q, o) or by a key tile's rows (k, v).
 struct Sm90FwdParams {
   TensorMap tma_q, tma_k, tma_v, tma_o;
   FwdParams base;
