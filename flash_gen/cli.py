@@ -271,6 +271,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help="sampler seed")
     p.add_argument("-j", "--jobs", type=int, default=0, help="compile workers (default: cores)")
     p.add_argument("--dry-run", action="store_true", help="print each family's space size and buckets; no GPU")
+    p.add_argument("--precompile", action="store_true", help="compile each family's whole space (what passes the "
+                   "static model) into the kernel cache, batched, and stop; no GPU. A tune then only measures")
     p.add_argument("--no-collect", action="store_true", help=argparse.SUPPRESS)  # per-GPU worker processes
     p.set_defaults(func=_cmd_tune)
 

@@ -125,3 +125,38 @@ def test_two_workers_share_one_postgresql_study(postgres_url):
     assert len({t.number for t in trials}) == len(trials)  # each trial once
     assert not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]  # every trial told
     assert 20 <= len(_complete(postgres_url, "shared")) <= 20 + 2 * 2  # the in-flight ones of each worker
+
+
+def test_a_later_bucket_first_measures_the_earlier_buckets_best(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    sys.path.insert(0, str(WORKER.parent))
+    from tune_worker import FAMILY, objective
+
+    from flash_gen.search.study import measured, search, warm_start
+
+    storage = f"sqlite:///{tmp_path / 'tune.sqlite3'}"
+    first, second = open_study("b1", storage, seed=0), open_study("b2", storage, seed=1)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        run = dict(prepare=lambda fam, cfg: None, measure=objective, pool=pool, workers=1)
+        search(first, FAMILY, trials=15, **run)
+        best = sorted(measured(first).items(), key=lambda kv: kv[1])[:3]
+        assert warm_start(second, first, count=3) == 3
+        search(second, FAMILY, trials=3, **run)
+    assert [t.user_attrs["config"] for t in second.trials[:3]] == [name for name, _ in best]
+
+
+def test_precompile_fills_the_kernel_cache_for_the_tune(tmp_path, monkeypatch, capsys):
+    """--precompile compiles a family's feasible space in batches with no GPU; the tune's compile step then finds
+    every kernel in the cache (the sm90 hdim 256 causal space: 4 tilings)."""
+    from flash_gen.search.tune import compile_candidate, precompile
+
+    monkeypatch.setenv("FLASH_GEN_CACHE_DIR", str(tmp_path))  # inherited by the compile worker processes
+    fam = space.Family("fwd", "sm90", "bf16", 256, "causal")
+    assert precompile([fam], jobs=2) == 0
+    assert "4 kernels in 1 families: 0 were cached, 4 compiled" in capsys.readouterr().out
+    start = time.monotonic()
+    assert all(compile_candidate(fam, cfg) is None for cfg in space.feasible_configs(fam))
+    assert time.monotonic() - start < 5  # cache hits, not compiles
+    assert precompile([fam], jobs=2) == 0
+    assert "4 were cached, 0 compiled" in capsys.readouterr().out

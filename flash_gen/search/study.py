@@ -55,6 +55,22 @@ def measured(study: optuna.Study) -> dict[str, float]:
     return {t.user_attrs["config"]: t.value for t in finished(study) if "config" in t.user_attrs}
 
 
+def warm_start(study: optuna.Study, source: optuna.Study, count: int = 4) -> int:
+    """Enqueue in `study` the `count` fastest distinct configs of `source`, another bucket of the same family (same
+    space, kernels already compiled), so a bucket with a short budget measures likely winners before its sampler
+    spends that budget compiling fresh points. Returns how many were enqueued."""
+    names: set[str] = set()
+    for t in sorted(finished(source), key=lambda t: t.value):
+        name = t.user_attrs.get("config")
+        if name in names:
+            continue
+        names.add(name)
+        study.enqueue_trial(t.params, skip_if_exists=True)
+        if len(names) == count:
+            break
+    return len(names)
+
+
 def search(
     study: optuna.Study,
     family: space.Family,

@@ -1,6 +1,9 @@
 """`flash-gen tune`: for each family and bucket, measure the default config, search the space with Optuna
 (compiles in worker processes, measurements on the GPU), keep the fastest config that is correct and never
-slower than the default, print a summary and write the tuning database (flash_gen/tuned/<arch>.json).
+slower than the default, print a summary and write the tuning database (flash_gen/tuned/<arch>.json). A family's
+later buckets first measure the earlier bucket's best configs (warm_start), which are compiled already.
+--precompile compiles the families' whole spaces into the kernel cache in batches, on any machine, so a tune with
+a short budget spends it measuring.
 
 With --devices 0,1,... one worker process per GPU joins the same studies (give --storage a PostgreSQL URL to
 spread them over hosts); the parent collects the results from the studies when they finish.
@@ -18,7 +21,7 @@ from datetime import datetime, timezone
 
 from flash_gen import tuned as database
 from flash_gen.search import space
-from flash_gen.search.study import Rejected, finished, open_study, search
+from flash_gen.search.study import Rejected, finished, open_study, search, warm_start
 
 
 def compile_candidate(family: space.Family, cfg) -> Rejected | None:
@@ -34,6 +37,32 @@ def compile_candidate(family: space.Family, cfg) -> Rejected | None:
         if meta.get("spill_stores") or meta.get("spill_loads"):
             return Rejected(f"ptxas: {meta.get('spill_stores')} bytes spilled ({key.name})")
     return None
+
+
+def precompile(families: list[space.Family], jobs: int) -> int:
+    """Compile every config of each family's space that passes the static model into the kernel cache, in batches
+    (flash_gen.build.batches: 24 kernels of one family in about 2.5x the time of one), with no GPU: a tune here or
+    on a GPU machine the cache folder is carried to then only measures (compile_candidate finds each kernel)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from rich.progress import Progress
+
+    from flash_gen.build import batches, cache
+    from flash_gen.gen.render import entry_name, render_many
+
+    variants = [(key, cfg) for fam in families for cfg in space.feasible_configs(fam) for key in fam.kernel_keys]
+    todo = [v for v in variants if cache.lookup(render_many([v]), entry_name(*v), v[0].arch) is None]
+    units = batches.plan_batches(todo, jobs)
+    failed = spilled = 0
+    with ProcessPoolExecutor(max_workers=jobs) as pool, Progress(transient=True) as progress:
+        task = progress.add_task(f"compiling {len(todo)} kernels", total=len(todo))
+        for batch in pool.map(batches.compile_batch, units):
+            failed += sum(c.result is None for c in batch)
+            spilled += sum(c.result is not None and c.result.spills for c in batch)
+            progress.advance(task, len(batch))
+    print(f"{len(variants)} kernels in {len(families)} families: {len(variants) - len(todo)} were cached, "
+          f"{len(todo) - failed} compiled ({spilled} spill: the tune rejects them), {failed} failed")
+    return 1 if failed else 0
 
 
 def dry_run(families: list[space.Family]) -> int:
@@ -52,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
     families = space.families(args.arch, args.dtype, args.hdim, args.mask, args.direction)
     if args.dry_run:
         return dry_run(families)
+    if args.precompile:
+        return precompile(families, args.jobs or os.cpu_count() or 1)
     if len(args.devices) > 1:
         return _run_workers(args, families)
     for fam in families:  # the database is written after each family, so a stopped run keeps what it finished
@@ -78,7 +109,7 @@ def _tune(args: argparse.Namespace, families: list[space.Family]) -> int:
     workers = args.jobs or os.cpu_count() or 1
     with ProcessPoolExecutor(max_workers=workers) as pool, Progress(transient=True) as progress:
         for fam in families:
-            start, fam_buckets = time.monotonic(), space.buckets(fam)
+            start, fam_buckets, previous = time.monotonic(), space.buckets(fam), None
             for i, bucket in enumerate(fam_buckets):
                 # Bucket i may run until i+1 equal shares of the family's time budget have passed.
                 deadline = start + args.time_budget * 60 * (i + 1) / len(fam_buckets) if args.time_budget else None
@@ -90,6 +121,8 @@ def _tune(args: argparse.Namespace, families: list[space.Family]) -> int:
                 study = open_study(study_name(args, fam, bucket), args.storage, args.seed)
                 study.set_user_attr("default", {"config": default.name, "ms": default_ms})
                 study.set_user_attr("device", {"gpu": gpu, "driver": driver})
+                if previous is not None:
+                    warm_start(study, previous)
                 task = progress.add_task(f"{fam.name} {bucket.name}", total=args.trials)
 
                 def on_trial(_trial, study=study, task=task, label=f"{fam.name} {bucket.name}") -> None:
@@ -99,6 +132,7 @@ def _tune(args: argparse.Namespace, families: list[space.Family]) -> int:
 
                 search(study, fam, prepare=compile_candidate, measure=measure, pool=pool, workers=workers,
                        trials=args.trials, deadline=deadline, on_trial=on_trial)
+                previous = study
     return 0
 
 
