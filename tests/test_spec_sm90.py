@@ -65,7 +65,8 @@ def test_renders_and_compiles_without_spills_on_wgmma(tmp_path, monkeypatch):
                 (FwdKey("sm90", "fp16", 64), Sm90FwdConfig(block_m=192)),  # three consumer warpgroups
                 (FwdKey("sm90", "fp16", 64, "local", softcap=True, alibi=True), Sm90FwdConfig()),
                 (FwdKey("sm90", "bf16", 128), Sm90FwdConfig(176, pingpong=False)),  # an N outside CuTe's basic set
-                (FwdKey("sm90", "bf16", 128, "causal"), Sm90FwdConfig(pingpong=False, persistent=True))]
+                (FwdKey("sm90", "bf16", 128, "causal"), Sm90FwdConfig(pingpong=False, persistent=True)),
+                (FwdKey("sm90", "bf16", 64, "causal", varlen=True), Sm90FwdConfig(block_m=192))]  # packed batch
     assert all(sm90_infeasible_reason(k, c) is None for k, c in variants)
     assert sm90_smem_bytes(*variants[0]) == 2 * 128 * (128 + 2 * 2 * 128) + 8 * (2 + 4 * 2)
     compiled = batches.compile_batch(variants)
