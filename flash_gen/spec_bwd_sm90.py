@@ -1,0 +1,56 @@
+"""The Hopper backward kernel's tiling (templates/include/flash_gen/bwd_sm90.cuh; work in progress: reached only
+through a forced config, FLASH_GEN_BWD_CONFIG=wgbm64n128 or `config=`, until it is measured on a GPU). Must not
+import torch or cuda.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from flash_gen.spec import MAX_SMEM_PER_BLOCK
+from flash_gen.spec_bwd import BwdKey
+
+
+@dataclass(frozen=True)
+class Sm90BwdConfig:
+    """64 queries per step x 128 keys per CTA, two warpgroups of 64 keys (the kernel fixes both for now)."""
+
+    block_m: int = 64
+    block_n: int = 128
+
+    @property
+    def name(self) -> str:
+        return f"wgbm{self.block_m}n{self.block_n}"
+
+    @property
+    def num_threads(self) -> int:
+        return 256
+
+
+def sm90_bwd_config_from_name(name: str) -> Sm90BwdConfig | None:
+    """Inverse of Sm90BwdConfig.name, or None for a name of another kernel family."""
+    m = re.fullmatch(r"wgbm(\d+)n(\d+)", name)
+    return Sm90BwdConfig(int(m[1]), int(m[2])) if m else None
+
+
+def sm90_bwd_smem_bytes(key: BwdKey, cfg: Sm90BwdConfig) -> int:
+    """Q, dO (one buffer each), K, V and dS tiles (2-byte elements), then the tile's lse and rowsum(dO*O)."""
+    d = key.head_dim
+    return 2 * (2 * cfg.block_m * d + 2 * cfg.block_n * d + cfg.block_m * cfg.block_n) + 2 * 4 * cfg.block_m
+
+
+def sm90_bwd_infeasible_reason(key: BwdKey, cfg: Sm90BwdConfig) -> str | None:
+    """Why the Hopper backward cannot run `key` with `cfg` (None when it can)."""
+    if key.arch != "sm90":
+        return f"wgmma kernels are built for sm90, not {key.arch}"
+    unsupported = [f for f in ("softcap", "alibi", "varlen", "deterministic") if getattr(key, f)]
+    if unsupported:
+        return f"not supported yet: {', '.join(unsupported)}"
+    if (cfg.block_m, cfg.block_n) != (64, 128):
+        return "only 64 x 128 tiles so far"
+    if key.head_dim % 64 or key.head_dim > 128:
+        return f"head_dim {key.head_dim}: 64 or 128 only so far (dK and dV accumulate in registers)"
+    if sm90_bwd_smem_bytes(key, cfg) > MAX_SMEM_PER_BLOCK[key.arch]:
+        return "shared memory"
+    return None

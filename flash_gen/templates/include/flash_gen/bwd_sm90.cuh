@@ -1,0 +1,245 @@
+// Hopper backward, first version (work in progress, not dispatched): FlashAttention-2's algorithm with the five
+// GEMMs on wgmma, in the transposed form FlashAttention-3 uses so that P and dS never need a shuffle:
+//   S^T = K Q^T, dP^T = V dO^T      (SS; warpgroup w holds keys [64w, 64w + 64) x the tile's queries)
+//   P^T = exp2(S^T * scale_log2 - lse_log2[q]),  dS^T = P^T * (dP^T - rowsum(dO * O)[q])
+//   dV += P^T dO, dK += dS^T Q      (RS: P^T and dS^T straight from the S^T accumulators' registers)
+//   dQ_accum += dS K                (SS: dS through shared memory, query-major; fp32 reductions to global)
+// One CTA (two warpgroups, 256 threads) owns a 128-key tile of K and V for one (batch, KV head) and walks the
+// query tiles that see it, for every query head sharing that KV head, like the portable backward (bwd_sm80.cuh),
+// with its parameters (BwdParams), preprocess and dQ conversion. Loads are cp.async by all threads with a barrier
+// per query tile: warp specialisation (a TMA producer) comes after this version is correct. Dense batches, head
+// dims that are multiples of 64, masks without softcap or ALiBi.
+#pragma once
+#include "flash_gen/bwd_params.cuh"
+#include "flash_gen/fwd_sm90.cuh"  // wgmma_issue, gmma_rowcol, gmma_acc_as_a
+
+namespace flash_gen {
+
+template <class Element_, int kHeadDim_, Mask kMask_>
+struct Sm90BwdTraits {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = 64;   // queries per step: the N of S^T, the M of dQ
+  static constexpr int kBlockN = 128;  // keys per CTA: 64 per warpgroup
+  static constexpr int kNThreads = 256;
+  static constexpr Mask kMask = kMask_;
+  static_assert(kHeadDim % 64 == 0 && kHeadDim <= 256);
+
+  using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;
+  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));  // Q and dO
+  using SmemLayoutK = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));  // K and V
+  // The same bytes seen head-dim-major: Q^T / dO^T and K^T as MN-major B operands.
+  using SmemLayoutQt = decltype(composition(
+      SmemLayoutQ{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockM>>{}, Step<_2, _1>{})));
+  using SmemLayoutKt = decltype(composition(
+      SmemLayoutK{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, Step<_2, _1>{})));
+  // dS (queries, keys), query-major: the MN-major A operand of dQ = dS K.
+  using SmemLayoutdS =
+      decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{}, Shape<Int<kBlockM>, Int<kBlockN>>{}));
+  // The same bytes as (keys, queries): where the S^T accumulators' dS^T values land.
+  using SmemLayoutdSt = decltype(composition(
+      SmemLayoutdS{}, make_layout(Shape<Int<kBlockN>, Int<kBlockM>>{}, Stride<Int<kBlockM>, _1>{})));
+
+  using MmaSdP = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM>, Int<kHeadDim>>>(),
+      Layout<Shape<_2, _1, _1>>{}));
+  using MmadKV = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockM>>, GMMA::Major::K,
+                           GMMA::Major::MN>(),
+      Layout<Shape<_2, _1, _1>>{}));
+  // dQ: the tile's 64 queries x head dim, the warpgroups splitting the head dim.
+  using MmadQ = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim / 2>, Int<kBlockN>>, GMMA::Major::MN,
+                           GMMA::Major::MN>(),
+      Layout<Shape<_1, _2, _1>>{}));
+
+  using GmemLoad = typename GmemCopy<Element, kNThreads, kHeadDim>::Load;
+  using GmemStore = typename GmemCopy<Element, kNThreads, kHeadDim>::Store;
+  static constexpr int kSmemBytes =
+      int(sizeof(Element)) * (2 * kBlockM * kHeadDim + 2 * kBlockN * kHeadDim + kBlockM * kBlockN) +
+      2 * kBlockM * int(sizeof(float));
+};
+
+template <class T>
+__device__ __forceinline__ void bwd_sm90_kernel(BwdParams const& p) {
+  using Element = typename T::Element;
+  constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kD = T::kHeadDim;
+  extern __shared__ __align__(1024) char smem_buf[];
+  Element* smem_q = reinterpret_cast<Element*>(smem_buf);
+  Element* smem_do = smem_q + kBlockM * kD;
+  Element* smem_k = smem_do + kBlockM * kD;
+  Element* smem_v = smem_k + kBlockN * kD;
+  Element* smem_ds = smem_v + kBlockN * kD;
+  float* smem_lse = reinterpret_cast<float*>(smem_ds + kBlockM * kBlockN);
+  float* smem_dsum = smem_lse + kBlockM;
+
+  const int tidx = threadIdx.x;
+  const int n_block = blockIdx.x, head_k = blockIdx.y, batch = blockIdx.z;
+  const int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k, diag = seqlen_k - seqlen_q;
+  const int group = p.nheads / p.nheads_k;
+  const int col0 = n_block * kBlockN;
+  int m_min = 0, m_max = (seqlen_q + kBlockM - 1) / kBlockM;
+  if constexpr (MaskBounds<T::kMask>::kRight) m_min = max(0, col0 - diag - p.window_right) / kBlockM;
+  if constexpr (MaskBounds<T::kMask>::kLeft) {
+    const int last_row = col0 + kBlockN - 1 - diag + p.window_left;
+    m_max = last_row < 0 ? 0 : min(m_max, last_row / kBlockM + 1);
+  }
+
+  Tensor sQ = make_tensor(make_smem_ptr(smem_q), typename T::SmemLayoutQ{});
+  Tensor sdO = make_tensor(make_smem_ptr(smem_do), typename T::SmemLayoutQ{});
+  Tensor sK = make_tensor(make_smem_ptr(smem_k), typename T::SmemLayoutK{});
+  Tensor sV = make_tensor(make_smem_ptr(smem_v), typename T::SmemLayoutK{});
+  Tensor sQt = make_tensor(make_smem_ptr(smem_q), typename T::SmemLayoutQt{});
+  Tensor sdOt = make_tensor(make_smem_ptr(smem_do), typename T::SmemLayoutQt{});
+  Tensor sKt = make_tensor(make_smem_ptr(smem_k), typename T::SmemLayoutKt{});
+  Tensor sdS = make_tensor(make_smem_ptr(smem_ds), typename T::SmemLayoutdS{});
+
+  auto kv_tile = [&](auto* base, int64_t batch_stride, int64_t row_stride, int64_t head_stride) {
+    auto* ptr = base + batch * batch_stride + head_k * head_stride;
+    return local_tile(make_tensor(make_gmem_ptr(ptr), make_shape(seqlen_k, Int<kD>{}), make_stride(row_stride, _1{})),
+                      Shape<Int<kBlockN>, Int<kD>>{}, make_coord(n_block, 0));
+  };
+  typename T::GmemLoad load;
+  auto load_thr = load.get_thread_slice(tidx);
+  Tensor cKV = make_identity_tensor(Shape<Int<kBlockN>, Int<kD>>{});
+  Tensor tKVcKV = load_thr.partition_D(cKV);
+  copy_zfill(load, load_thr.partition_S(kv_tile(static_cast<const Element*>(p.k), p.k_batch_stride, p.k_row_stride,
+                                                p.k_head_stride)),
+             load_thr.partition_D(sK), tKVcKV, seqlen_k - col0, kD);
+  copy_zfill(load, load_thr.partition_S(kv_tile(static_cast<const Element*>(p.v), p.v_batch_stride, p.v_row_stride,
+                                                p.v_head_stride)),
+             load_thr.partition_D(sV), tKVcKV, seqlen_k - col0, kD);
+  cp_async_fence();
+
+  typename T::MmaSdP mma_sdp;
+  typename T::MmadKV mma_dkv;
+  typename T::MmadQ mma_dq;
+  auto thr_sdp = mma_sdp.get_thread_slice(tidx);
+  auto thr_dkv = mma_dkv.get_thread_slice(tidx);
+  auto thr_dq = mma_dq.get_thread_slice(tidx);
+  Tensor tSrK = thr_sdp.partition_fragment_A(sK);  // smem descriptors
+  Tensor tSrV = thr_sdp.partition_fragment_A(sV);
+  Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);
+  Tensor tSrdO = thr_sdp.partition_fragment_B(sdO);
+  Tensor tdVrdOt = thr_dkv.partition_fragment_B(sdOt);
+  Tensor tdKrQt = thr_dkv.partition_fragment_B(sQt);
+  Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);
+  Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);
+  Tensor acc_dk = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kD>>{});
+  Tensor acc_dv = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kD>>{});
+  clear(acc_dk);
+  clear(acc_dv);
+  // Each S^T element's (key, query) within the tile.
+  Tensor cS = thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
+  Tensor tdSsdSt = thr_sdp.partition_C(make_tensor(make_smem_ptr(smem_ds), typename T::SmemLayoutdSt{}));
+
+  Tensor cQ = make_identity_tensor(Shape<Int<kBlockM>, Int<kD>>{});
+  Tensor tQcQ = load_thr.partition_D(cQ);
+  Tensor tQsQ = load_thr.partition_D(sQ);
+  Tensor tdOsdO = load_thr.partition_D(sdO);
+
+  for (int g = 0; g < group; ++g) {
+    const int head = head_k * group + g;
+    auto q_tiles = [&](const void* ptr, int64_t batch_stride, int64_t row_stride, int64_t head_stride) {
+      auto* base = static_cast<const Element*>(ptr) + batch * batch_stride + head * head_stride;
+      return local_tile(make_tensor(make_gmem_ptr(base), make_shape(seqlen_q, Int<kD>{}), make_stride(row_stride, _1{})),
+                        Shape<Int<kBlockM>, Int<kD>>{}, make_coord(_, 0));  // (BM, D, m)
+    };
+    Tensor tQgQ = load_thr.partition_S(q_tiles(p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride));
+    Tensor tdOgdO = load_thr.partition_S(q_tiles(p.dout, p.do_batch_stride, p.do_row_stride, p.do_head_stride));
+    const int64_t acc0 = acc_row0(p, false, batch, head, 0);
+
+    for (int m = m_min; m < m_max; ++m) {
+      const int row0 = m * kBlockM;
+      copy_zfill(load, tQgQ(_, _, _, m), tQsQ, tQcQ, seqlen_q - row0, kD);
+      copy_zfill(load, tdOgdO(_, _, _, m), tdOsdO, tQcQ, seqlen_q - row0, kD);
+      cp_async_fence();
+      if (tidx < kBlockM) {  // the buffers are padded to whole tiles: lse +inf and dsum 0 past seqlen_q
+        smem_lse[tidx] = p.lse_log2[acc0 + row0 + tidx];
+        smem_dsum[tidx] = p.dsum[acc0 + row0 + tidx];
+      }
+      cp_async_wait<0>();
+      fence_smem_for_async_proxy();  // cp.async wrote Q and dO through the generic proxy; wgmma reads them
+      __syncthreads();
+
+      Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
+      Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
+      wgmma_issue<true>(mma_sdp, tSrK, tSrQ, acc_s);
+      wgmma_issue<true>(mma_sdp, tSrV, tSrdO, acc_dp);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(acc_s);
+      warpgroup_fence_operand(acc_dp);
+
+      // P^T and dS^T in place; a hidden (query, key) pair gives P = 0. Coordinates as offsets from the thread's
+      // first element fold into constants (attn_mask.cuh does the same).
+      const int key0 = get<0>(cS(0)), q0 = get<1>(cS(0));
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_s); ++i) {
+        const int key = col0 + key0 + (get<0>(cS(i)) - key0), q = q0 + (get<1>(cS(i)) - q0);
+        const int rel = key - (row0 + q + diag);  // key offset from the query's diagonal
+        bool visible = key < seqlen_k;
+        if constexpr (MaskBounds<T::kMask>::kRight) visible &= rel <= p.window_right;
+        if constexpr (MaskBounds<T::kMask>::kLeft) visible &= rel >= -p.window_left;
+        const float pt = visible ? fast_exp2(acc_s(i) * p.scale_log2 - smem_lse[q]) : 0.f;
+        acc_s(i) = pt;
+        acc_dp(i) = pt * (acc_dp(i) - smem_dsum[q]);
+      }
+      Tensor pt_frag = make_tensor<Element>(acc_s.layout());
+      Tensor dst_frag = make_tensor<Element>(acc_dp.layout());
+      convert_pairs(acc_s, pt_frag);
+      convert_pairs(acc_dp, dst_frag);
+      copy(dst_frag, tdSsdSt);
+      fence_smem_for_async_proxy();  // the generic-proxy dS stores, before wgmma reads them
+      Tensor tdVrPt = make_tensor(pt_frag.data(), gmma_acc_as_a(pt_frag.layout()));
+      Tensor tdKrdSt = make_tensor(dst_frag.data(), gmma_acc_as_a(dst_frag.layout()));
+      warpgroup_fence_operand(tdVrPt);
+      wgmma_issue<false>(mma_dkv, tdVrPt, tdVrdOt, acc_dv);
+      warpgroup_fence_operand(tdKrdSt);
+      wgmma_issue<false>(mma_dkv, tdKrdSt, tdKrQt, acc_dk);
+      warpgroup_wait<0>();  // the dK/dV wgmmas have read their registers and Q/dO
+      warpgroup_fence_operand(acc_dv);
+      warpgroup_fence_operand(acc_dk);
+      __syncthreads();  // dS complete
+
+      Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kD>>{});
+      wgmma_issue<true>(mma_dq, tdQrdS, tdQrKt, acc_dq);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(acc_dq);
+      Tensor gdQ = make_tensor(make_gmem_ptr(p.dq_accum + (acc0 + row0) * kD), Shape<Int<kBlockM>, Int<kD>>{},
+                               Stride<Int<kD>, _1>{});
+      Tensor tdQgdQ = thr_dq.partition_C(gdQ);
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_dq); i += 2) {  // elements 2i, 2i + 1: adjacent columns of one row
+        asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(&tdQgdQ(i)), "f"(acc_dq(i)), "f"(acc_dq(i + 1))
+                     : "memory");
+      }
+      __syncthreads();  // every warpgroup is done with Q, dO and dS before the next tile overwrites them
+    }
+  }
+
+  // Epilogue: dK scaled, dK and dV staged through the K/V buffers and stored with 16-byte vectors.
+  cp_async_wait<0>();
+  __syncthreads();
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= p.softmax_scale;
+  Tensor dk_out = make_tensor<Element>(acc_dk.layout());
+  Tensor dv_out = make_tensor<Element>(acc_dv.layout());
+  convert_pairs(acc_dk, dk_out);
+  convert_pairs(acc_dv, dv_out);
+  copy(dk_out, thr_dkv.partition_C(sK));
+  copy(dv_out, thr_dkv.partition_C(sV));
+  __syncthreads();
+  typename T::GmemStore store;
+  auto store_thr = store.get_thread_slice(tidx);
+  Tensor tKVcKV_st = store_thr.partition_D(cKV);
+  copy_predicated(store, store_thr.partition_S(sK),
+                  store_thr.partition_D(kv_tile(static_cast<Element*>(p.dk), p.dk_batch_stride, p.dk_row_stride,
+                                                p.dk_head_stride)),
+                  tKVcKV_st, seqlen_k - col0, kD);
+  copy_predicated(store, store_thr.partition_S(sV),
+                  store_thr.partition_D(kv_tile(static_cast<Element*>(p.dv), p.dv_batch_stride, p.dv_row_stride,
+                                                p.dv_head_stride)),
+                  tKVcKV_st, seqlen_k - col0, kD);
+}
+
+}  // namespace flash_gen
