@@ -14,7 +14,8 @@ from flash_gen.spec_bwd import BwdKey
 
 @dataclass(frozen=True)
 class Sm90BwdConfig:
-    """64 queries per step x 128 keys per CTA, two warpgroups of 64 keys (the kernel fixes both for now)."""
+    """64 queries per step x 128 keys per CTA, two warpgroups of 64 keys, two Q/dO buffers (the kernel fixes all
+    three for now)."""
 
     block_m: int = 64
     block_n: int = 128
@@ -35,9 +36,9 @@ def sm90_bwd_config_from_name(name: str) -> Sm90BwdConfig | None:
 
 
 def sm90_bwd_smem_bytes(key: BwdKey, cfg: Sm90BwdConfig) -> int:
-    """Q, dO (one buffer each), K, V and dS tiles (2-byte elements), then the tile's lse and rowsum(dO*O)."""
+    """Q, dO (two buffers each), K, V and dS tiles (2-byte elements), then the tile's lse and rowsum(dO*O)."""
     d = key.head_dim
-    return 2 * (2 * cfg.block_m * d + 2 * cfg.block_n * d + cfg.block_m * cfg.block_n) + 2 * 4 * cfg.block_m
+    return 2 * (4 * cfg.block_m * d + 2 * cfg.block_n * d + cfg.block_m * cfg.block_n) + 2 * 4 * cfg.block_m
 
 
 def sm90_bwd_infeasible_reason(key: BwdKey, cfg: Sm90BwdConfig) -> str | None:

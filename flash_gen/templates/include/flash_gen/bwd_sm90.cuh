@@ -6,9 +6,10 @@
 //   dQ_accum += dS K                (SS: dS through shared memory, query-major; fp32 reductions to global)
 // One CTA (two warpgroups, 256 threads) owns a 128-key tile of K and V for one (batch, KV head) and walks the
 // query tiles that see it, for every query head sharing that KV head, like the portable backward (bwd_sm80.cuh),
-// with its parameters (BwdParams), preprocess and dQ conversion. Loads are cp.async by all threads with a barrier
-// per query tile: warp specialisation (a TMA producer) comes after this version is correct. Dense batches, head
-// dims that are multiples of 64, masks without softcap or ALiBi.
+// with its parameters (BwdParams), preprocess and dQ conversion. Loads are cp.async by all threads, the next query
+// tile's Q and dO into a second buffer while this one computes, with a barrier per query tile: warp specialisation
+// (a TMA producer) comes after this version is correct. Dense batches, head dims 64 and 128, masks without softcap
+// or ALiBi.
 #pragma once
 #include "flash_gen/bwd_params.cuh"
 #include "flash_gen/fwd_sm90.cuh"  // wgmma_issue, gmma_rowcol, gmma_acc_as_a
@@ -22,15 +23,17 @@ struct Sm90BwdTraits {
   static constexpr int kBlockM = 64;   // queries per step: the N of S^T, the M of dQ
   static constexpr int kBlockN = 128;  // keys per CTA: 64 per warpgroup
   static constexpr int kNThreads = 256;
+  static constexpr int kStages = 2;  // Q/dO buffers
   static constexpr Mask kMask = kMask_;
   static_assert(kHeadDim % 64 == 0 && kHeadDim <= 256);
 
   using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;
-  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));  // Q and dO
+  using SmemLayoutQ =  // Q and dO: (queries, head dim, stage)
+      decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStages>>{}));
   using SmemLayoutK = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));  // K and V
   // The same bytes seen head-dim-major: Q^T / dO^T and K^T as MN-major B operands.
   using SmemLayoutQt = decltype(composition(
-      SmemLayoutQ{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockM>>{}, Step<_2, _1>{})));
+      SmemLayoutQ{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockM>, Int<kStages>>{}, Step<_2, _1, _3>{})));
   using SmemLayoutKt = decltype(composition(
       SmemLayoutK{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, Step<_2, _1>{})));
   // dS (queries, keys), query-major: the MN-major A operand of dQ = dS K.
@@ -56,7 +59,7 @@ struct Sm90BwdTraits {
   using GmemLoad = typename GmemCopy<Element, kNThreads, kHeadDim>::Load;
   using GmemStore = typename GmemCopy<Element, kNThreads, kHeadDim>::Store;
   static constexpr int kSmemBytes =
-      int(sizeof(Element)) * (2 * kBlockM * kHeadDim + 2 * kBlockN * kHeadDim + kBlockM * kBlockN) +
+      int(sizeof(Element)) * (2 * kStages * kBlockM * kHeadDim + 2 * kBlockN * kHeadDim + kBlockM * kBlockN) +
       2 * kBlockM * int(sizeof(float));
 };
 
@@ -66,8 +69,8 @@ __device__ __forceinline__ void bwd_sm90_kernel(BwdParams const& p) {
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kD = T::kHeadDim;
   extern __shared__ __align__(1024) char smem_buf[];
   Element* smem_q = reinterpret_cast<Element*>(smem_buf);
-  Element* smem_do = smem_q + kBlockM * kD;
-  Element* smem_k = smem_do + kBlockM * kD;
+  Element* smem_do = smem_q + T::kStages * kBlockM * kD;
+  Element* smem_k = smem_do + T::kStages * kBlockM * kD;
   Element* smem_v = smem_k + kBlockN * kD;
   Element* smem_ds = smem_v + kBlockN * kD;
   float* smem_lse = reinterpret_cast<float*>(smem_ds + kBlockM * kBlockN);
@@ -119,10 +122,6 @@ __device__ __forceinline__ void bwd_sm90_kernel(BwdParams const& p) {
   auto thr_dq = mma_dq.get_thread_slice(tidx);
   Tensor tSrK = thr_sdp.partition_fragment_A(sK);  // smem descriptors
   Tensor tSrV = thr_sdp.partition_fragment_A(sV);
-  Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);
-  Tensor tSrdO = thr_sdp.partition_fragment_B(sdO);
-  Tensor tdVrdOt = thr_dkv.partition_fragment_B(sdOt);
-  Tensor tdKrQt = thr_dkv.partition_fragment_B(sQt);
   Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);
   Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);
   Tensor acc_dk = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kD>>{});
@@ -135,7 +134,7 @@ __device__ __forceinline__ void bwd_sm90_kernel(BwdParams const& p) {
 
   Tensor cQ = make_identity_tensor(Shape<Int<kBlockM>, Int<kD>>{});
   Tensor tQcQ = load_thr.partition_D(cQ);
-  Tensor tQsQ = load_thr.partition_D(sQ);
+  Tensor tQsQ = load_thr.partition_D(sQ);  // (CPY, CPY_M, CPY_K, stage)
   Tensor tdOsdO = load_thr.partition_D(sdO);
 
   for (int g = 0; g < group; ++g) {
@@ -149,18 +148,29 @@ __device__ __forceinline__ void bwd_sm90_kernel(BwdParams const& p) {
     Tensor tdOgdO = load_thr.partition_S(q_tiles(p.dout, p.do_batch_stride, p.do_row_stride, p.do_head_stride));
     const int64_t acc0 = acc_row0(p, false, batch, head, 0);
 
-    for (int m = m_min; m < m_max; ++m) {
-      const int row0 = m * kBlockM;
-      copy_zfill(load, tQgQ(_, _, _, m), tQsQ, tQcQ, seqlen_q - row0, kD);
-      copy_zfill(load, tdOgdO(_, _, _, m), tdOsdO, tQcQ, seqlen_q - row0, kD);
-      cp_async_fence();
+    auto load_q_do = [&](int m, int stage) {
+      copy_zfill(load, tQgQ(_, _, _, m), tQsQ(_, _, _, stage), tQcQ, seqlen_q - m * kBlockM, kD);
+      copy_zfill(load, tdOgdO(_, _, _, m), tdOsdO(_, _, _, stage), tQcQ, seqlen_q - m * kBlockM, kD);
+    };
+    if (m_min < m_max) load_q_do(m_min, 0);
+    cp_async_fence();
+
+    for (int m = m_min, it = 0; m < m_max; ++m, ++it) {
+      const int row0 = m * kBlockM, stage = it % T::kStages;
+      // The other buffer was last read in the previous step, which ended with every wgmma waited for and a barrier.
+      if (m + 1 < m_max) load_q_do(m + 1, (it + 1) % T::kStages);
+      cp_async_fence();  // always commit, so the wait below counts uniformly
       if (tidx < kBlockM) {  // the buffers are padded to whole tiles: lse +inf and dsum 0 past seqlen_q
         smem_lse[tidx] = p.lse_log2[acc0 + row0 + tidx];
         smem_dsum[tidx] = p.dsum[acc0 + row0 + tidx];
       }
-      cp_async_wait<0>();
-      fence_smem_for_async_proxy();  // cp.async wrote Q and dO through the generic proxy; wgmma reads them
+      cp_async_wait<1>();  // this step's Q and dO (and, in the first step, K and V) have landed
+      fence_smem_for_async_proxy();  // cp.async wrote them through the generic proxy; wgmma reads them
       __syncthreads();
+      Tensor tSrQ = thr_sdp.partition_fragment_B(sQ(_, _, stage));
+      Tensor tSrdO = thr_sdp.partition_fragment_B(sdO(_, _, stage));
+      Tensor tdVrdOt = thr_dkv.partition_fragment_B(sdOt(_, _, stage));
+      Tensor tdKrQt = thr_dkv.partition_fragment_B(sQt(_, _, stage));
 
       Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
       Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
