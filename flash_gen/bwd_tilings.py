@@ -1,6 +1,6 @@
 """The backward's tilings across its two kernel families behind one set of functions: the portable template
-(flash_gen.spec_bwd.BwdConfig) and the Hopper template (flash_gen.spec_bwd_sm90.Sm90BwdConfig, work in progress,
-never a default yet). Must not import torch or cuda.
+(flash_gen.spec_bwd.BwdConfig) and the Hopper template (flash_gen.spec_bwd_sm90.Sm90BwdConfig). Must not import
+torch or cuda.
 """
 
 from __future__ import annotations
@@ -12,6 +12,13 @@ from flash_gen.spec_bwd import BwdConfig, BwdKey
 from flash_gen.spec_bwd_sm90 import Sm90BwdConfig
 
 BwdTiling = Union[BwdConfig, Sm90BwdConfig]
+
+
+def default_config(key: BwdKey) -> BwdTiling:
+    """The Hopper kernel where it supports `key` (1.2x the portable kernel's fwd+bwd at head dim 128 on the H200,
+    docs/benchmarks.md), else the portable kernel's default."""
+    hopper = Sm90BwdConfig()
+    return hopper if spec_bwd_sm90.sm90_bwd_infeasible_reason(key, hopper) is None else spec_bwd.default_bwd_config(key)
 
 
 def config_from_name(name: str) -> BwdTiling:

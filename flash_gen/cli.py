@@ -46,7 +46,7 @@ def _variants(args: argparse.Namespace) -> list[tuple]:
                                  fwd_tilings.infeasible_reason, args)
         if "bwd" in args.direction and args.kv == "dense":  # KV-cache kernels are forward-only
             bwd = spec_bwd.BwdKey(arch, dtype, hdim, mask, args.softcap, args.alibi, args.varlen, args.deterministic)
-            out += _with_configs(bwd, spec_bwd.default_bwd_config, bwd_tilings.config_from_name,
+            out += _with_configs(bwd, bwd_tilings.default_config, bwd_tilings.config_from_name,
                                  bwd_tilings.infeasible_reason, args)
     return out
 
@@ -168,7 +168,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
     from flash_gen.build import library
 
     key = spec_bwd.bwd_key_from_name(args.key) if args.key.startswith("bwd") else spec.key_from_name(args.key)
-    default = spec_bwd.default_bwd_config(key) if args.key.startswith("bwd") else fwd_tilings.default_config(key)
+    default = bwd_tilings.default_config(key) if args.key.startswith("bwd") else fwd_tilings.default_config(key)
     smem = _smem(key, default)
     print(f"{key.name}: default tiling {default.name} ({default.num_threads} threads, {smem} B shared memory)")
     for bucket, e in sorted(tuned.shipped(key.arch).entries.get(key.name, {}).items()):

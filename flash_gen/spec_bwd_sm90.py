@@ -1,6 +1,5 @@
-"""The Hopper backward kernel's tiling (templates/include/flash_gen/bwd_sm90.cuh; work in progress: reached only
-through a forced config, FLASH_GEN_BWD_CONFIG=wgbm64n128 or `config=`, until it is measured on a GPU). Must not
-import torch or cuda.
+"""The Hopper backward kernel's tiling (templates/include/flash_gen/bwd_sm90.cuh), the sm90 default for the keys it
+supports (flash_gen.bwd_tilings.default_config). Must not import torch or cuda.
 """
 
 from __future__ import annotations
@@ -27,6 +26,11 @@ class Sm90BwdConfig:
     @property
     def num_threads(self) -> int:
         return 256
+
+
+# The tuner's axes where this kernel is the default (flash_gen.search.space): one point while the kernel fixes its
+# tiles; stages, block_n and the producer scheme join here as the template learns them.
+SM90_BWD_CONFIG_SPACE = {"block_m": (64,), "block_n": (128,)}
 
 
 def sm90_bwd_config_from_name(name: str) -> Sm90BwdConfig | None:

@@ -44,7 +44,7 @@ def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvca
     from flash_gen import bwd_tilings
     from flash_gen.fwd_tilings import config_from_name, default_config, infeasible_reason
     from flash_gen.spec import FwdKey
-    from flash_gen.spec_bwd import BwdKey, default_bwd_config
+    from flash_gen.spec_bwd import BwdKey
     from flash_gen.validate import derive_mask
 
     def default(dtype: str, head_dim: int, mask: str, softcap: bool = False, alibi: bool = False,
@@ -55,7 +55,7 @@ def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvca
     def default_bwd(dtype: str, head_dim: int, mask: str, softcap: bool = False, alibi: bool = False,
                     deterministic: bool = False, varlen: bool = False) -> tuple:
         key = BwdKey(arch, dtype, head_dim, mask, softcap, alibi, varlen, deterministic)
-        return key, default_bwd_config(key)
+        return key, bwd_tilings.default_config(key)
 
     out = set()
     cases = (t.CASES if "fwd" in suites else []) + (tb.CASES if "bwd" in suites else [])

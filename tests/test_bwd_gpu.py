@@ -70,11 +70,10 @@ TILINGS = [
     ("bf16", 64, "none", "m64n128w8a242s2"),
     ("fp16", 128, "causal", "m64n64w8a422s1"),
     ("bf16", 256, "none", "m64n64w8a422s1"),
-    # the Hopper backward (work in progress): wgmma for the five GEMMs; sm_90 GPUs only
-    ("bf16", 128, "causal", "wgbm64n128"),
-    ("fp16", 64, "none", "wgbm64n128"),
-    ("bf16", 64, "local", "wgbm64n128"),
-    ("bf16", 128, "none", "wgbm64n128"),
+    # the portable kernel where the Hopper backward is the default on sm_90 (and the Hopper one elsewhere: skips)
+    ("bf16", 128, "none", "m64n128w8a242s2"),
+    ("bf16", 64, "win64_64", "m128n128w8a244s2"),
+    ("fp16", 128, "winInf_17", "wgbm64n128"),
 ]
 
 

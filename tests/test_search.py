@@ -13,7 +13,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from flash_gen import spec, spec_bwd, spec_sm90
+from flash_gen import spec, spec_bwd, spec_bwd_sm90, spec_sm90
 from flash_gen import tuned as database
 from flash_gen.search import space
 from flash_gen.search.study import open_study
@@ -25,9 +25,12 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_space_is_the_templates_declaration():
     fwd = space.Family("fwd", "sm90", "bf16", 128, "causal")  # the Hopper kernel's keys search its own axes
     portable = space.Family("fwd", "sm80", "bf16", 96, "causal")
-    bwd = space.Family("bwd", "sm90", "bf16", 128, "causal")
+    bwd = space.Family("bwd", "sm90", "bf16", 96, "causal")  # the portable backward (Hopper's runs 64 and 128)
+    hopper_bwd = space.Family("bwd", "sm90", "bf16", 128, "causal")
     assert space.axes(fwd) == spec_sm90.SM90_CONFIG_SPACE and space.axes(portable) == spec.CONFIG_SPACE
     assert space.axes(bwd) == spec_bwd.BWD_CONFIG_SPACE
+    assert space.axes(hopper_bwd) == spec_bwd_sm90.SM90_BWD_CONFIG_SPACE
+    assert list(space.feasible_configs(hopper_bwd)) == [space.default_config(hopper_bwd)]
     for fam in (fwd, portable, bwd, space.Family("decode", "sm90", "bf16", 128, "none")):
         configs = list(space.feasible_configs(fam))
         total, kept = space.space_size(fam)
@@ -47,7 +50,7 @@ def test_static_model_rejects_before_compiling():
 
 
 def test_suggest_draws_every_axis():
-    fam = space.Family("bwd", "sm90", "fp16", 64, "none")
+    fam = space.Family("bwd", "sm90", "fp16", 96, "none")  # a portable-backward family
     drawn = []
     cfg = space.suggest_config(fam, lambda name, choices: drawn.append(name) or choices[-1])
     assert drawn == list(spec_bwd.BWD_CONFIG_SPACE) and isinstance(cfg, spec_bwd.BwdConfig)

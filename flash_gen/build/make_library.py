@@ -29,7 +29,7 @@ def plan(arch: str) -> list[tuple]:
     out: set[tuple] = set()
     for dtype, hd, mask in itertools.product(spec.DTYPES, HEAD_DIMS, spec.MASKS):
         fwd, bwd = spec.FwdKey(arch, dtype, hd, mask), spec_bwd.BwdKey(arch, dtype, hd, mask)
-        out |= {(fwd, fwd_tilings.default_config(fwd)), (bwd, spec_bwd.default_bwd_config(bwd))}
+        out |= {(fwd, fwd_tilings.default_config(fwd)), (bwd, bwd_tilings.default_config(bwd))}
     for dtype, hd, mask, kv, split in itertools.product(spec.DTYPES, DECODE_HEAD_DIMS, ("none", "causal"),
                                                         ("cache", "paged"), (False, True)):
         key = spec.FwdKey(arch, dtype, hd, mask, kv=kv, split=split, pack_gqa=True)

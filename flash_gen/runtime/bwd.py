@@ -24,7 +24,7 @@ from flash_gen.runtime.score_params import (
     varlen_tiles,
 )
 from flash_gen.spec import bucket_name
-from flash_gen.spec_bwd import BwdKey, default_bwd_config
+from flash_gen.spec_bwd import BwdKey
 from flash_gen.tuned import tuned_config
 
 _AUX_THREADS, _AUX_ROWS = 128, 32  # kAuxThreads, kAuxRows in templates/include/flash_gen/bwd_aux.cuh
@@ -92,7 +92,7 @@ def _variant(device: int, dtype: str, head_dim: int, mask: str, softcap: bool, a
     var = _variants.get(lookup)
     if var is None:
         key = BwdKey(driver.device_arch(device), dtype, head_dim, mask, softcap, alibi, varlen, deterministic)
-        cfg = config or _forced_config(key) or tuned_config(key, bucket) or default_bwd_config(key)
+        cfg = config or _forced_config(key) or tuned_config(key, bucket) or bwd_tilings.default_config(key)
         why = bwd_tilings.infeasible_reason(key, cfg)
         if why is not None:
             raise ValueError(f"config: {cfg.name} cannot run {key.name}: {why}")

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from flash_gen import fwd_tilings, spec, spec_bwd
+from flash_gen import bwd_tilings, fwd_tilings, spec, spec_bwd
 
 FORMAT = 1
 TUNED_DIR = Path(__file__).resolve().parent  # <arch>.json files sit next to this reader
@@ -108,8 +108,8 @@ def _live(key, entry: Entry):
     """The entry's config, or None where it is stale: tuned against another default than today's (a faster
     kernel family or tiling has become the default since), or rejected by the current feasibility rules."""
     if isinstance(key, spec_bwd.BwdKey):
-        default, cfg = spec_bwd.default_bwd_config(key), spec_bwd.bwd_config_from_name(entry.config)
-        feasible = spec_bwd.bwd_infeasible_reason(key, cfg) is None
+        default, cfg = bwd_tilings.default_config(key), bwd_tilings.config_from_name(entry.config)
+        feasible = bwd_tilings.infeasible_reason(key, cfg) is None
     else:
         default, cfg = fwd_tilings.default_config(key), fwd_tilings.config_from_name(entry.config)
         feasible = fwd_tilings.infeasible_reason(key, cfg) is None
