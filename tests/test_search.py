@@ -149,6 +149,30 @@ def test_a_later_bucket_first_measures_the_earlier_buckets_best(tmp_path):
     assert [t.user_attrs["config"] for t in second.trials[:3]] == [name for name, _ in best]
 
 
+def test_a_bucket_first_measures_the_other_dtypes_winner(tmp_path):
+    """The fp16 family's buckets are seeded with the live bf16 winners of the same bucket in the database the tune
+    updates; a stale entry (tuned against an old default) and one that kept the default are not."""
+    from flash_gen.search.study import sibling_params
+
+    fam = space.Family("fwd", "sm90", "fp16", 128, "causal")
+    default, winner = space.default_config(fam), spec_sm90.Sm90FwdConfig(80, 4, block_m=192)
+    db = database.TunedDb("sm90")
+    for bucket, config, tuned_against in (("s<=1k", default.name, default.name), ("s<=4k", winner.name, "old"),
+                                          ("s>4k", winner.name, default.name)):
+        db.record("fwd_sm90_bf16_hd128_causal", bucket, database.Entry(config, 1.0, tuned_against, 1.1, "NVIDIA H200",
+                                                                        "CUDA 13.0", "2026-11-30T10:18:20+00:00", 40))
+    db = database.load("sm90", db.save(tmp_path / "sm90.json"))
+    seeded = {}
+    for bucket in space.buckets(fam):
+        study = optuna.create_study()
+        for params in sibling_params(db, fam, bucket):
+            study.enqueue_trial(params, skip_if_exists=True)
+        waiting = len(study.get_trials(states=(optuna.trial.TrialState.WAITING,)))
+        # The configs the bucket's first trials draw, as search() does.
+        seeded[bucket.name] = [space.suggest_config(fam, study.ask().suggest_categorical) for _ in range(waiting)]
+    assert seeded == {"s<=1k": [], "s<=4k": [], "s>4k": [winner]}
+
+
 def test_precompile_fills_the_kernel_cache_for_the_tune(tmp_path, monkeypatch, capsys):
     """--precompile compiles a family's feasible space in batches with no GPU; the tune's compile step then finds
     every kernel in the cache (the sm90 hdim 256 causal space: 4 tilings)."""

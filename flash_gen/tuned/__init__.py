@@ -44,6 +44,11 @@ class TunedDb:
     def lookup(self, key_name: str, bucket: str) -> Entry | None:
         return self.entries.get(key_name, {}).get(bucket)
 
+    def live_config(self, key, bucket: str):
+        """The config of `key`'s entry in `bucket`, or None where there is none or it is stale (_live)."""
+        entry = self.lookup(key.name, bucket)
+        return None if entry is None else _live(key, entry)
+
     def record(self, key_name: str, bucket: str, entry: Entry) -> None:
         self.entries.setdefault(key_name, {})[bucket] = entry
 
@@ -90,8 +95,7 @@ def shipped(arch: str) -> TunedDb:
 
 def tuned_config(key, bucket: str):
     """The tuned config for `key` in `bucket` (flash_gen.spec.bucket_name), or None."""
-    entry = shipped(key.arch).lookup(key.name, bucket)
-    return None if entry is None else _live(key, entry)
+    return shipped(key.arch).live_config(key, bucket)
 
 
 def live_configs(arch: str) -> Iterator[tuple]:

@@ -1,6 +1,6 @@
-// Hopper backward, first version (work in progress, not dispatched): FlashAttention-2's algorithm with the five
+// Hopper backward (docs/hopper_backward.md), the sm90 default where it applies: FlashAttention-2's algorithm with the five
 // GEMMs on wgmma, in the transposed form FlashAttention-3 uses so that P and dS never need a shuffle:
-//   S^T = K Q^T, dP^T = V dO^T      (SS; warpgroup w holds keys [64w, 64w + 64) x the tile's queries)
+//   S^T = K Q^T, dP^T = V dO^T      (SS; warpgroup w holds keys [64w, 64w + 64) x the step's kBlockM queries)
 //   P^T = exp2(S^T * scale_log2 - lse_log2[q]),  dS^T = P^T * (dP^T - rowsum(dO * O)[q])
 //   dV += P^T dO, dK += dS^T Q      (RS: P^T and dS^T straight from the S^T accumulators' registers)
 //   dQ_accum += dS K                (SS: dS through shared memory, query-major; fp32 reductions to global)
@@ -16,11 +16,11 @@
 
 namespace flash_gen {
 
-template <class Element_, int kHeadDim_, Mask kMask_>
+template <class Element_, int kHeadDim_, int kBlockM_, Mask kMask_>
 struct Sm90BwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = 64;   // queries per step: the N of S^T, the M of dQ
+  static constexpr int kBlockM = kBlockM_;  // queries per step: the N of S^T, the M of dQ
   static constexpr int kBlockN = 128;  // keys per CTA: 64 per warpgroup
   static constexpr int kNThreads = 256;
   static constexpr int kStages = 2;  // Q/dO buffers
@@ -206,14 +206,15 @@ __device__ __forceinline__ void bwd_sm90_kernel(BwdParams const& p) {
       wgmma_issue<false>(mma_dkv, tdVrPt, tdVrdOt, acc_dv);
       warpgroup_fence_operand(tdKrdSt);
       wgmma_issue<false>(mma_dkv, tdKrdSt, tdKrQt, acc_dk);
-      warpgroup_wait<0>();  // the dK/dV wgmmas have read their registers and Q/dO
-      warpgroup_fence_operand(acc_dv);
-      warpgroup_fence_operand(acc_dk);
-      __syncthreads();  // dS complete
+      __syncthreads();  // dS complete (the dK/dV wgmmas run on meanwhile)
 
       Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kD>>{});
       wgmma_issue<true>(mma_dq, tdQrdS, tdQrKt, acc_dq);
-      warpgroup_wait<0>();
+      warpgroup_wait<0>();  // all three: the dK/dV wgmmas have also read their registers and Q/dO
+      warpgroup_fence_operand(tdVrPt);
+      warpgroup_fence_operand(tdKrdSt);
+      warpgroup_fence_operand(acc_dv);
+      warpgroup_fence_operand(acc_dk);
       warpgroup_fence_operand(acc_dq);
       Tensor gdQ = make_tensor(make_gmem_ptr(p.dq_accum + (acc0 + row0) * kD), Shape<Int<kBlockM>, Int<kD>>{},
                                Stride<Int<kD>, _1>{});
