@@ -49,9 +49,11 @@ def sm90_bwd_infeasible_reason(key: BwdKey, cfg: Sm90BwdConfig) -> str | None:
     """Why the Hopper backward cannot run `key` with `cfg` (None when it can)."""
     if key.arch != "sm90":
         return f"wgmma kernels are built for sm90, not {key.arch}"
-    unsupported = [f for f in ("softcap", "alibi", "varlen", "deterministic") if getattr(key, f)]
+    unsupported = [f for f in ("softcap", "alibi") if getattr(key, f)]
     if unsupported:
         return f"not supported yet: {', '.join(unsupported)}"
+    if (key.varlen or key.deterministic) and key.head_dim > 64:  # 255 registers and 16-44 B of spills (NVRTC 13.0)
+        return "registers: packed batches and deterministic dQ spill above head dim 64"
     if cfg.block_n != 128:
         return "block_n 128 only so far"
     if cfg.block_m != 64:  # 128 at hdim 64 compiles (the template takes it) but spills 388 B (NVRTC 13.0)

@@ -8,15 +8,17 @@
 // query tiles that see it, for every query head sharing that KV head, like the portable backward (bwd_sm80.cuh),
 // with its parameters (BwdParams), preprocess and dQ conversion. Loads are cp.async by all threads, the next query
 // tile's Q and dO into a second buffer while this one computes, with a barrier per query tile: warp specialisation
-// (a TMA producer) comes after this version is correct. Dense batches, head dims 64 and 128, masks without softcap
-// or ALiBi.
+// (a TMA producer) comes after this version is correct. Head dims 64 and 128, masks without softcap or ALiBi, dense
+// or packed ragged batches, dQ additions in a fixed order when deterministic (bwd_dq.cuh; these two at head dim
+// 64 only: at 128 they spill).
 #pragma once
+#include "flash_gen/bwd_dq.cuh"
 #include "flash_gen/bwd_params.cuh"
 #include "flash_gen/fwd_sm90.cuh"  // wgmma_issue, gmma_rowcol, gmma_acc_as_a
 
 namespace flash_gen {
 
-template <class Element_, int kHeadDim_, int kBlockM_, Mask kMask_>
+template <class Element_, int kHeadDim_, int kBlockM_, Mask kMask_, bool kVarlen_, bool kDeterministic_>
 struct Sm90BwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -25,6 +27,8 @@ struct Sm90BwdTraits {
   static constexpr int kNThreads = 256;
   static constexpr int kStages = 2;  // Q/dO buffers
   static constexpr Mask kMask = kMask_;
+  static constexpr bool kVarlen = kVarlen_;
+  static constexpr bool kDeterministic = kDeterministic_;
   static_assert(kHeadDim % 64 == 0 && kHeadDim <= 256);
 
   using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;
@@ -77,8 +81,17 @@ __device__ __forceinline__ void bwd_sm90_kernel(BwdParams const& p) {
   float* smem_dsum = smem_lse + kBlockM;
 
   const int tidx = threadIdx.x;
-  const int n_block = blockIdx.x, head_k = blockIdx.y, batch = blockIdx.z;
-  const int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k, diag = seqlen_k - seqlen_q;
+  const int head_k = blockIdx.y;
+  int n_block = blockIdx.x, batch = blockIdx.z;
+  if constexpr (T::kVarlen) {  // the grid's x runs over every entry's key tiles
+    const int2 tile = varlen_tile(p.cu_seqlens_k, p.batch, p.seqlen_k, n_block,
+                                  [](int len) { return (len + kBlockN - 1) / kBlockN; });
+    if (tile.x < 0) return;
+    batch = tile.x;
+    n_block = tile.y;
+  }
+  const SeqInfo seq = seq_info<T::kVarlen>(p, batch);
+  const int seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k, diag = seqlen_k - seqlen_q;
   const int group = p.nheads / p.nheads_k;
   const int col0 = n_block * kBlockN;
   int m_min = 0, m_max = (seqlen_q + kBlockM - 1) / kBlockM;
@@ -98,7 +111,7 @@ __device__ __forceinline__ void bwd_sm90_kernel(BwdParams const& p) {
   Tensor sdS = make_tensor(make_smem_ptr(smem_ds), typename T::SmemLayoutdS{});
 
   auto kv_tile = [&](auto* base, int64_t batch_stride, int64_t row_stride, int64_t head_stride) {
-    auto* ptr = base + batch * batch_stride + head_k * head_stride;
+    auto* ptr = base + batch * batch_stride + seq.k_start * row_stride + head_k * head_stride;
     return local_tile(make_tensor(make_gmem_ptr(ptr), make_shape(seqlen_k, Int<kD>{}), make_stride(row_stride, _1{})),
                       Shape<Int<kBlockN>, Int<kD>>{}, make_coord(n_block, 0));
   };
@@ -140,13 +153,14 @@ __device__ __forceinline__ void bwd_sm90_kernel(BwdParams const& p) {
   for (int g = 0; g < group; ++g) {
     const int head = head_k * group + g;
     auto q_tiles = [&](const void* ptr, int64_t batch_stride, int64_t row_stride, int64_t head_stride) {
-      auto* base = static_cast<const Element*>(ptr) + batch * batch_stride + head * head_stride;
+      auto* base = static_cast<const Element*>(ptr) + batch * batch_stride + seq.q_start * row_stride +
+                   head * head_stride;
       return local_tile(make_tensor(make_gmem_ptr(base), make_shape(seqlen_q, Int<kD>{}), make_stride(row_stride, _1{})),
                         Shape<Int<kBlockM>, Int<kD>>{}, make_coord(_, 0));  // (BM, D, m)
     };
     Tensor tQgQ = load_thr.partition_S(q_tiles(p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride));
     Tensor tdOgdO = load_thr.partition_S(q_tiles(p.dout, p.do_batch_stride, p.do_row_stride, p.do_head_stride));
-    const int64_t acc0 = acc_row0(p, false, batch, head, 0);
+    const int64_t acc0 = acc_row0(p, T::kVarlen, batch, head, seq.q_start);
 
     auto load_q_do = [&](int m, int stage) {
       copy_zfill(load, tQgQ(_, _, _, m), tQsQ(_, _, _, stage), tQcQ, seqlen_q - m * kBlockM, kD);
@@ -218,12 +232,8 @@ __device__ __forceinline__ void bwd_sm90_kernel(BwdParams const& p) {
       warpgroup_fence_operand(acc_dq);
       Tensor gdQ = make_tensor(make_gmem_ptr(p.dq_accum + (acc0 + row0) * kD), Shape<Int<kBlockM>, Int<kD>>{},
                                Stride<Int<kD>, _1>{});
-      Tensor tdQgdQ = thr_dq.partition_C(gdQ);
-      CUTE_UNROLL
-      for (int i = 0; i < size(acc_dq); i += 2) {  // elements 2i, 2i + 1: adjacent columns of one row
-        asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(&tdQgdQ(i)), "f"(acc_dq(i)), "f"(acc_dq(i + 1))
-                     : "memory");
-      }
+      add_dq<T::kDeterministic, MaskBounds<T::kMask>::kLeft, kBlockN>(p, thr_dq.partition_C(gdQ), acc_dq, acc0 + row0,
+                                                                      n_block, row0 + diag);
       __syncthreads();  // every warpgroup is done with Q, dO and dS before the next tile overwrites them
     }
   }
