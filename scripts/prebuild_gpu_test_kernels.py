@@ -98,7 +98,8 @@ def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvca
         for d in (64, 128):
             out.add(default("bf16", d, "causal"))
             out.update(default_bwd("bf16", d, "causal", deterministic=det) for det in (False, True))
-        for dtype, d, mask, name in tb.TILINGS:  # test_backward_tilings
+        for dtype, d, mask_name, name in tb.TILINGS:  # test_backward_tilings
+            mask = derive_mask(*t.MASKS[mask_name], *tb.TILING_LENS)[0]
             cfg = bwd_tilings.config_from_name(name)
             if bwd_tilings.infeasible_reason(default_bwd(dtype, d, mask)[0], cfg) is None:
                 out.add(default(dtype, d, mask))

@@ -66,6 +66,7 @@ CASES = _cases()
 
 # Tilings other than the defaults, forced per case (dtype, head dim, mask, config name), with GQA and lengths
 # that are not tile multiples.
+TILING_LENS = (301, 777)
 TILINGS = [
     ("bf16", 64, "none", "m64n128w8a242s2"),
     ("fp16", 128, "causal", "m64n64w8a422s1"),
@@ -142,7 +143,7 @@ def test_backward_tilings(dtype: str, head_dim: int, mask: str, config: str):
 
     if config.startswith("wgb") and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("a Hopper backward tiling: needs an sm_90 GPU")
-    case = Case(dtype, head_dim, 301, 777, 2, 6, 2, mask)  # 3 query heads per KV head add into each dK/dV
+    case = Case(dtype, head_dim, *TILING_LENS, 2, 6, 2, mask)  # 3 query heads per KV head add into each dK/dV
     seed = fresh_seed()
     q, k, v, dout, _ = _inputs(case, seed)
     kwargs = _kwargs(case, None)
