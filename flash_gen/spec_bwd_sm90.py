@@ -40,9 +40,10 @@ def sm90_bwd_config_from_name(name: str) -> Sm90BwdConfig | None:
 
 
 def sm90_bwd_smem_bytes(key: BwdKey, cfg: Sm90BwdConfig) -> int:
-    """Q, dO (two buffers each), K, V and dS tiles (2-byte elements), then the tile's lse and rowsum(dO*O)."""
+    """Q, dO (two buffers each), K, V and dS tiles (2-byte elements), the tile's lse and rowsum(dO*O), and the two
+    buffers' mbarriers."""
     d = key.head_dim
-    return 2 * (4 * cfg.block_m * d + 2 * cfg.block_n * d + cfg.block_m * cfg.block_n) + 2 * 4 * cfg.block_m
+    return 2 * (4 * cfg.block_m * d + 2 * cfg.block_n * d + cfg.block_m * cfg.block_n) + 2 * 4 * cfg.block_m + 2 * 8
 
 
 def sm90_bwd_infeasible_reason(key: BwdKey, cfg: Sm90BwdConfig) -> str | None:
@@ -52,8 +53,6 @@ def sm90_bwd_infeasible_reason(key: BwdKey, cfg: Sm90BwdConfig) -> str | None:
     unsupported = [f for f in ("softcap", "alibi") if getattr(key, f)]
     if unsupported:
         return f"not supported yet: {', '.join(unsupported)}"
-    if (key.varlen or key.deterministic) and key.head_dim > 64:  # 255 registers and 16-44 B of spills (NVRTC 13.0)
-        return "registers: packed batches and deterministic dQ spill above head dim 64"
     if cfg.block_n != 128:
         return "block_n 128 only so far"
     if cfg.block_m != 64:  # 128 at hdim 64 compiles (the template takes it) but spills 388 B (NVRTC 13.0)

@@ -139,7 +139,8 @@ def test_cli_compile_writes_report_and_files(compiled, tmp_path, monkeypatch, ca
 @pytest.mark.parametrize("module,struct,header", [("fwd", "FwdParams", "fwd_params.cuh"),
                                                    ("bwd", "BwdParams", "bwd_params.cuh"),
                                                    ("kvcache", "AppendParams", "kv_append.cuh"),
-                                                   ("fwd", "Sm90FwdParams", "fwd_sm90_params.cuh")])
+                                                   ("fwd", "Sm90FwdParams", "fwd_sm90_params.cuh"),
+                                                   ("bwd", "Sm90BwdParams", "bwd_sm90_params.cuh")])
 def test_params_struct_layout_matches_kernel(module: str, struct: str, header: str):
     """Each ctypes mirror in flash_gen.runtime and its C++ struct agree on every field offset and the size. NVRTC
     has no constant offsetof, so one probe kernel per field reads its first byte, and the PTX names the offset of

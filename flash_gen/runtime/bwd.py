@@ -14,7 +14,7 @@ import torch
 from flash_gen import bwd_tilings, settings
 from flash_gen.bwd_tilings import BwdTiling
 from flash_gen.gen.render import bwd_aux_prefix, entry_name, render_bwd_aux, render_many
-from flash_gen.runtime import driver, loader
+from flash_gen.runtime import driver, loader, tma
 from flash_gen.runtime.score_params import (
     DTYPES,
     check_grid,
@@ -25,6 +25,7 @@ from flash_gen.runtime.score_params import (
 )
 from flash_gen.spec import bucket_name
 from flash_gen.spec_bwd import BwdKey
+from flash_gen.spec_bwd_sm90 import Sm90BwdConfig
 from flash_gen.tuned import tuned_config
 
 _AUX_THREADS, _AUX_ROWS = 128, 32  # kAuxThreads, kAuxRows in templates/include/flash_gen/bwd_aux.cuh
@@ -59,6 +60,15 @@ class BwdParams(ctypes.Structure):
         ]
         + [(name, ctypes.c_float) for name in ("score_scale", "scale_log2", "alibi_scale", "softmax_scale")]
     )
+
+
+class Sm90BwdParams(ctypes.Structure):
+    """Mirror of flash_gen::Sm90BwdParams (templates/include/flash_gen/bwd_sm90_params.cuh): TMA maps of q and dout,
+    then BwdParams, padded to the maps' 64-byte alignment as the C++ struct is."""
+
+    _fields_ = [("tma_q", ctypes.c_uint8 * tma.MAP_BYTES), ("tma_do", ctypes.c_uint8 * tma.MAP_BYTES),
+                ("base", BwdParams)]
+    _fields_.append(("_pad", ctypes.c_uint8 * (-(2 * tma.MAP_BYTES + ctypes.sizeof(BwdParams)) % tma.MAP_ALIGN)))
 
 
 class _Variant:
@@ -104,10 +114,11 @@ class _Shape:
     """What a call's shapes, strides and score arguments fix: the parameter struct without addresses (a repeated
     shape copies it instead of setting ~40 ctypes fields), the three grids and the fp32 buffers' layout."""
 
-    __slots__ = ("params", "grids", "part", "rows")
+    __slots__ = ("params", "grids", "part", "rows", "maps")
 
     def __init__(self, params: BwdParams, grids: list[tuple[int, int, int]], part: int, rows: int) -> None:
         self.params, self.grids, self.part, self.rows = params, grids, part, rows
+        self.maps: dict = {}  # the Hopper kernel's encoded TMA maps per address set (tma.params_with_maps)
 
 
 # Cleared when full, so shapes that never repeat cannot grow it.
@@ -202,5 +213,10 @@ def attention_bwd(
     stream = torch._C._cuda_getCurrentRawStream(q.device.index)  # no Stream object per call
     aux_block = (_AUX_THREADS, 1, 1)
     var.preprocess.launch(shape.grids[0], aux_block, 0, stream, p)
-    var.main.launch(shape.grids[1], (var.cfg.num_threads, 1, 1), var.smem, stream, p)
+    main = p
+    if isinstance(var.cfg, Sm90BwdConfig):  # TMA boxes of a query tile's rows
+        rows = var.cfg.block_m
+        main = tma.params_with_maps(Sm90BwdParams, p, shape.maps, (var, q.data_ptr(), dout.data_ptr()),
+                                    (("tma_q", q, rows), ("tma_do", dout, rows)))
+    var.main.launch(shape.grids[1], (var.cfg.num_threads, 1, 1), var.smem, stream, main)
     var.convert_dq.launch(shape.grids[2], aux_block, 0, stream, p)

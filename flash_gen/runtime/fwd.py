@@ -236,31 +236,15 @@ def attention_fwd(
     return run_fwd(plan, q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, block_table, out)
 
 
-_MAPS_BYTES = Sm90FwdParams.base.offset
-_MAPS_PER_SHAPE = 64  # address sets kept per shape (a training loop cycles through a few)
-
-
 def _sm90_params(p: FwdParams, shape: _Shape, var: _Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  out: torch.Tensor) -> Sm90FwdParams:
     """The Hopper kernel's parameters: `p` after TMA maps of q and out (boxes of a consumer warpgroup's 64 rows)
-    and of k and v (a key tile's rows). A map depends only on the address, shape, strides, dtype
-    and box, so the encoded maps are kept per shape under (variant, addresses): a repeated call (the caching
-    allocator hands out the same blocks step after step) copies 512 bytes instead of encoding four maps."""
-    key = (var, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr())
-    maps = shape.maps.get(key)
-    if maps is None:
-        maps = (ctypes.c_uint8 * _MAPS_BYTES)()
-        cfg = var.cfg
-        for field, t, rows in (("tma_q", q, ROWS_PER_CONSUMER), ("tma_k", k, cfg.block_n),
-                               ("tma_v", v, cfg.block_n), ("tma_o", out, ROWS_PER_CONSUMER)):
-            tma.encode_rows(maps, getattr(Sm90FwdParams, field).offset, t if t.dim() == 4 else t[None], rows)
-        if len(shape.maps) >= _MAPS_PER_SHAPE:
-            shape.maps.clear()
-        shape.maps[key] = maps
-    sp = Sm90FwdParams()
-    ctypes.memmove(ctypes.addressof(sp), maps, _MAPS_BYTES)
-    sp.base = p
-    return sp
+    and of k and v (a key tile's rows), encoded once per shape and address set (tma.params_with_maps)."""
+    rows = var.cfg.block_n
+    return tma.params_with_maps(Sm90FwdParams, p, shape.maps, (var, q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                                               out.data_ptr()),
+                                (("tma_q", q, ROWS_PER_CONSUMER), ("tma_k", k, rows), ("tma_v", v, rows),
+                                 ("tma_o", out, ROWS_PER_CONSUMER)))
 
 
 def attention_fwd_kvcache(

@@ -53,3 +53,28 @@ def encode_rows(dest: ctypes.Array | ctypes.Structure, offset: int, t: torch.Ten
                           _OOB_ZERO)
     if err:
         raise driver.cuda_error("cuTensorMapEncodeTiled", cu.CUresult(err))
+
+
+MAPS_PER_SHAPE = 64  # address sets kept per shape (a training loop cycles through a few)
+
+
+def params_with_maps(struct: type, base: ctypes.Structure, cache: dict, key: tuple,
+                     maps: tuple[tuple[str, torch.Tensor, int], ...]) -> ctypes.Structure:
+    """A Hopper kernel's parameter `struct`: TMA map fields first (`maps`: field, tensor (b, s, h, d) or packed
+    (s, h, d), box rows), then `base`. A map depends only on the address, shape, strides, dtype and box, so the
+    encoded maps are kept in `cache` (one per shape) under `key` (the variant and the addresses): a repeated call
+    (the caching allocator hands out the same blocks step after step) copies bytes instead of encoding."""
+    size = struct.base.offset
+    encoded = cache.get(key)
+    if encoded is None:
+        encoded = (ctypes.c_uint8 * size)()
+        for field, t, rows in maps:
+            encode_rows(encoded, getattr(struct, field).offset, t if t.dim() == 4 else t[None], rows)
+        if len(cache) >= MAPS_PER_SHAPE:
+            cache.clear()
+        cache[key] = encoded
+    out = struct()
+    ctypes.memmove(ctypes.addressof(out), encoded, size)
+    out.base = base
+    return out
+

@@ -1,19 +1,20 @@
-// Hopper backward (docs/hopper_backward.md), the sm90 default where it applies: FlashAttention-2's algorithm with the five
-// GEMMs on wgmma, in the transposed form FlashAttention-3 uses so that P and dS never need a shuffle:
+// Hopper backward (docs/hopper_backward.md), the sm90 default where it applies: FlashAttention-2's algorithm with
+// the five GEMMs on wgmma, in the transposed form FlashAttention-3 uses so that P and dS never need a shuffle:
 //   S^T = K Q^T, dP^T = V dO^T      (SS; warpgroup w holds keys [64w, 64w + 64) x the step's kBlockM queries)
 //   P^T = exp2(S^T * scale_log2 - lse_log2[q]),  dS^T = P^T * (dP^T - rowsum(dO * O)[q])
 //   dV += P^T dO, dK += dS^T Q      (RS: P^T and dS^T straight from the S^T accumulators' registers)
 //   dQ_accum += dS K                (SS: dS through shared memory, query-major; fp32 reductions to global)
 // One CTA (two warpgroups, 256 threads) owns a 128-key tile of K and V for one (batch, KV head) and walks the
 // query tiles that see it, for every query head sharing that KV head, like the portable backward (bwd_sm80.cuh),
-// with its parameters (BwdParams), preprocess and dQ conversion. Loads are cp.async by all threads, the next query
-// tile's Q and dO into a second buffer while this one computes, with a barrier per query tile: warp specialisation
-// (a TMA producer) comes after this version is correct. Head dims 64 and 128, masks without softcap or ALiBi, dense
-// or packed ragged batches, dQ additions in a fixed order when deterministic (bwd_dq.cuh; these two at head dim
-// 64 only: at 128 they spill).
+// with its parameters (BwdParams, after TMA maps of q and dout), preprocess and dQ conversion. One thread loads the
+// next query tile's Q and dO by TMA into the other of two buffers while this one computes (completing on that
+// buffer's mbarrier); K and V arrive once by cp.async; a barrier ends each query tile. Warp specialisation (a
+// producer warp, no block-wide barriers) is the next step. Head dims 64 and 128, masks without softcap or ALiBi,
+// dense or packed ragged batches, dQ additions in a fixed order when deterministic (bwd_dq.cuh).
 #pragma once
 #include "flash_gen/bwd_dq.cuh"
 #include "flash_gen/bwd_params.cuh"
+#include "flash_gen/bwd_sm90_params.cuh"
 #include "flash_gen/fwd_sm90.cuh"  // wgmma_issue, gmma_rowcol, gmma_acc_as_a
 
 namespace flash_gen {
@@ -65,13 +66,16 @@ struct Sm90BwdTraits {
 
   using GmemLoad = typename GmemCopy<Element, kNThreads, kHeadDim>::Load;
   using GmemStore = typename GmemCopy<Element, kNThreads, kHeadDim>::Store;
+  static constexpr int kBoxCols = 64;  // a TMA box row is one 128-byte swizzle row
+  static constexpr uint32_t kStageTxBytes = 2 * kBlockM * kHeadDim * sizeof(Element);  // Q and dO tiles
   static constexpr int kSmemBytes =
       int(sizeof(Element)) * (2 * kStages * kBlockM * kHeadDim + 2 * kBlockN * kHeadDim + kBlockM * kBlockN) +
-      2 * kBlockM * int(sizeof(float));
+      2 * kBlockM * int(sizeof(float)) + kStages * int(sizeof(MBarrier));
 };
 
 template <class T>
-__device__ __forceinline__ void bwd_sm90_kernel(BwdParams const& p) {
+__device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
+  BwdParams const& p = sp.base;
   using Element = typename T::Element;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kD = T::kHeadDim;
   extern __shared__ __align__(1024) char smem_buf[];
@@ -82,6 +86,7 @@ __device__ __forceinline__ void bwd_sm90_kernel(BwdParams const& p) {
   Element* smem_ds = smem_v + kBlockN * kD;
   float* smem_lse = reinterpret_cast<float*>(smem_ds + kBlockM * kBlockN);
   float* smem_dsum = smem_lse + kBlockM;
+  MBarrier* q_full = reinterpret_cast<MBarrier*>(smem_dsum + kBlockM);  // per Q/dO buffer
 
   const int tidx = threadIdx.x;
   const int head_k = blockIdx.y;
@@ -103,6 +108,16 @@ __device__ __forceinline__ void bwd_sm90_kernel(BwdParams const& p) {
     const int last_row = col0 + kBlockN - 1 - diag + p.window_left;
     m_max = last_row < 0 ? 0 : min(m_max, last_row / kBlockM + 1);
   }
+
+  if (tidx == 0) {
+    prefetch_tensor_map(sp.tma_q);
+    prefetch_tensor_map(sp.tma_do);
+    for (int s = 0; s < T::kStages; ++s) q_full[s].init(1);
+    fence_barrier_init();
+  }
+  // Dense: each entry's rows through the maps' batch coordinate; packed: rows from q_start of the whole tensor,
+  // whose boxes may run into the next entry (finite values whose lse padding makes P and dS zero).
+  const int tma_batch = T::kVarlen ? 0 : batch;
 
   Tensor sQ = make_tensor(make_smem_ptr(smem_q), typename T::SmemLayoutQ{});
   Tensor sdO = make_tensor(make_smem_ptr(smem_do), typename T::SmemLayoutQ{});
@@ -148,42 +163,37 @@ __device__ __forceinline__ void bwd_sm90_kernel(BwdParams const& p) {
   Tensor cS = thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
   Tensor tdSsdSt = thr_sdp.partition_C(make_tensor(make_smem_ptr(smem_ds), typename T::SmemLayoutdSt{}));
 
-  Tensor cQ = make_identity_tensor(Shape<Int<kBlockM>, Int<kD>>{});
-  Tensor tQcQ = load_thr.partition_D(cQ);
-  Tensor tQsQ = load_thr.partition_D(sQ);  // (CPY, CPY_M, CPY_K, stage)
-  Tensor tdOsdO = load_thr.partition_D(sdO);
+  cp_async_wait<0>();  // K and V
+  fence_smem_for_async_proxy();  // cp.async wrote them through the generic proxy; wgmma reads them
+  __syncthreads();  // K and V visible, barriers initialised
 
+  // Steps count across heads: step t uses buffer t % kStages, whose barrier completes its (t / kStages)-th phase.
+  int step = 0;
   for (int g = 0; g < group; ++g) {
     const int head = head_k * group + g;
-    auto q_tiles = [&](const void* ptr, int64_t batch_stride, int64_t row_stride, int64_t head_stride) {
-      auto* base = static_cast<const Element*>(ptr) + batch * batch_stride + seq.q_start * row_stride +
-                   head * head_stride;
-      return local_tile(make_tensor(make_gmem_ptr(base), make_shape(seqlen_q, Int<kD>{}), make_stride(row_stride, _1{})),
-                        Shape<Int<kBlockM>, Int<kD>>{}, make_coord(_, 0));  // (BM, D, m)
-    };
-    Tensor tQgQ = load_thr.partition_S(q_tiles(p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride));
-    Tensor tdOgdO = load_thr.partition_S(q_tiles(p.dout, p.do_batch_stride, p.do_row_stride, p.do_head_stride));
     const int64_t acc0 = acc_row0(p, T::kVarlen, batch, head, seq.q_start);
-
+    // Thread 0 only. A buffer is refilled after the barrier that ends the step that last read it.
     auto load_q_do = [&](int m, int stage) {
-      copy_zfill(load, tQgQ(_, _, _, m), tQsQ(_, _, _, stage), tQcQ, seqlen_q - m * kBlockM, kD);
-      copy_zfill(load, tdOgdO(_, _, _, m), tdOsdO(_, _, _, stage), tQcQ, seqlen_q - m * kBlockM, kD);
+      q_full[stage].arrive_expect_tx(T::kStageTxBytes);
+      CUTE_UNROLL
+      for (int c = 0; c < kD / T::kBoxCols; ++c) {
+        const int offset = (stage * kD + c * T::kBoxCols) * kBlockM;
+        const int row = seq.q_start + m * kBlockM;
+        tma_load_4d(sp.tma_q, q_full[stage], smem_q + offset, c * T::kBoxCols, row, head, tma_batch);
+        tma_load_4d(sp.tma_do, q_full[stage], smem_do + offset, c * T::kBoxCols, row, head, tma_batch);
+      }
     };
-    if (m_min < m_max) load_q_do(m_min, 0);
-    cp_async_fence();
+    if (tidx == 0 && m_min < m_max) load_q_do(m_min, step % T::kStages);
 
-    for (int m = m_min, it = 0; m < m_max; ++m, ++it) {
-      const int row0 = m * kBlockM, stage = it % T::kStages;
-      // The other buffer was last read in the previous step, which ended with every wgmma waited for and a barrier.
-      if (m + 1 < m_max) load_q_do(m + 1, (it + 1) % T::kStages);
-      cp_async_fence();  // always commit, so the wait below counts uniformly
+    for (int m = m_min; m < m_max; ++m, ++step) {
+      const int row0 = m * kBlockM, stage = step % T::kStages;
+      if (tidx == 0 && m + 1 < m_max) load_q_do(m + 1, (step + 1) % T::kStages);
       if (tidx < kBlockM) {  // the buffers are padded to whole tiles: lse +inf and dsum 0 past seqlen_q
         smem_lse[tidx] = p.lse_log2[acc0 + row0 + tidx];
         smem_dsum[tidx] = p.dsum[acc0 + row0 + tidx];
       }
-      cp_async_wait<1>();  // this step's Q and dO (and, in the first step, K and V) have landed
-      fence_smem_for_async_proxy();  // cp.async wrote them through the generic proxy; wgmma reads them
-      __syncthreads();
+      q_full[stage].wait((step / T::kStages) & 1);  // this step's Q and dO have landed
+      __syncthreads();  // the row statistics
       Tensor tSrQ = thr_sdp.partition_fragment_B(sQ(_, _, stage));
       Tensor tSrdO = thr_sdp.partition_fragment_B(sdO(_, _, stage));
       Tensor tdVrdOt = thr_dkv.partition_fragment_B(sdOt(_, _, stage));
@@ -243,7 +253,6 @@ __device__ __forceinline__ void bwd_sm90_kernel(BwdParams const& p) {
   }
 
   // Epilogue: dK scaled, dK and dV staged through the K/V buffers and stored with 16-byte vectors.
-  cp_async_wait<0>();
   __syncthreads();
   CUTE_UNROLL
   for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= p.softmax_scale;
