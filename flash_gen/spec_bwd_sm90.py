@@ -53,6 +53,8 @@ def sm90_bwd_infeasible_reason(key: BwdKey, cfg: Sm90BwdConfig) -> str | None:
     unsupported = [f for f in ("softcap", "alibi") if getattr(key, f)]
     if unsupported:
         return f"not supported yet: {', '.join(unsupported)}"
+    if key.varlen and key.deterministic and key.head_dim > 64:  # 255 registers, 24 B of spills (NVRTC 13.0)
+        return "registers: packed batches with deterministic dQ spill above head dim 64"
     if cfg.block_n != 128:
         return "block_n 128 only so far"
     if cfg.block_m != 64:  # 128 at hdim 64 compiles (the template takes it) but spills 388 B (NVRTC 13.0)
