@@ -27,8 +27,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flash_gen
-from flash_gen import fwd_tilings
-from flash_gen.spec_bwd import BwdConfig, bwd_config_from_name
+from flash_gen import bwd_tilings, fwd_tilings
+from flash_gen.bwd_tilings import BwdTiling
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 PEERS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         if args.direction == "fwd":
             impl = functools.partial(_flash_gen, config=fwd_tilings.config_from_name(name))
         else:
-            impl = functools.partial(_flash_gen_bwd_config, config=bwd_config_from_name(name))
+            impl = functools.partial(_flash_gen_bwd_config, config=bwd_tilings.config_from_name(name))
         impls[f"fg:{name}"] = (contextlib.nullcontext, impl)
     impls.update({p: (functools.partial(sdpa_kernel, PEERS[p]), _sdpa) for p in args.peers})
     l2_bytes = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0)
@@ -120,7 +120,7 @@ class _ForcedBackward(torch.autograd.Function):
     """flash_gen's default forward with its backward forced to one tiling (fg:NAME columns of fwd+bwd runs)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal: bool, config: BwdConfig):
+    def forward(ctx, q, k, v, causal: bool, config: BwdTiling):
         from flash_gen.runtime.fwd import attention_fwd
 
         ctx.attn = dict(softmax_scale=q.shape[-1] ** -0.5, causal=causal, window_size=(-1, -1), softcap=0.0,
@@ -142,7 +142,7 @@ class _ForcedBackward(torch.autograd.Function):
 
 
 def _flash_gen_bwd_config(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                          config: BwdConfig) -> torch.Tensor:
+                          config: BwdTiling) -> torch.Tensor:
     return _ForcedBackward.apply(q, k, v, causal, config)
 
 

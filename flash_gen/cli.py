@@ -17,7 +17,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from flash_gen import fwd_tilings, spec, spec_bwd
+from flash_gen import bwd_tilings, fwd_tilings, spec, spec_bwd
 from flash_gen.build.batches import Compiled, compile_batch, plan_batches  # noqa: F401  (re-exported)
 
 
@@ -46,8 +46,8 @@ def _variants(args: argparse.Namespace) -> list[tuple]:
                                  fwd_tilings.infeasible_reason, args)
         if "bwd" in args.direction and args.kv == "dense":  # KV-cache kernels are forward-only
             bwd = spec_bwd.BwdKey(arch, dtype, hdim, mask, args.softcap, args.alibi, args.varlen, args.deterministic)
-            out += _with_configs(bwd, spec_bwd.default_bwd_config, spec_bwd.bwd_config_from_name,
-                                 spec_bwd.bwd_infeasible_reason, args)
+            out += _with_configs(bwd, bwd_tilings.default_config, bwd_tilings.config_from_name,
+                                 bwd_tilings.infeasible_reason, args)
     return out
 
 
@@ -70,7 +70,7 @@ def _config_name(text: str) -> str:
     try:
         return fwd_tilings.config_from_name(text).name
     except ValueError:
-        return spec_bwd.bwd_config_from_name(text).name
+        return bwd_tilings.config_from_name(text).name
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
@@ -117,7 +117,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
 
 def _smem(key, cfg) -> int:
     if isinstance(key, spec_bwd.BwdKey):
-        return spec_bwd.bwd_smem_bytes(key, cfg)
+        return bwd_tilings.smem_bytes(key, cfg)
     return fwd_tilings.smem_bytes(key, cfg)
 
 
@@ -168,7 +168,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
     from flash_gen.build import library
 
     key = spec_bwd.bwd_key_from_name(args.key) if args.key.startswith("bwd") else spec.key_from_name(args.key)
-    default = spec_bwd.default_bwd_config(key) if args.key.startswith("bwd") else fwd_tilings.default_config(key)
+    default = bwd_tilings.default_config(key) if args.key.startswith("bwd") else fwd_tilings.default_config(key)
     smem = _smem(key, default)
     print(f"{key.name}: default tiling {default.name} ({default.num_threads} threads, {smem} B shared memory)")
     for bucket, e in sorted(tuned.shipped(key.arch).entries.get(key.name, {}).items()):

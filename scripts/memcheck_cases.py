@@ -1,19 +1,19 @@
-"""Packed-batch and KV-cache calls with valid and with malformed index tensors, to run under
-`compute-sanitizer --tool memcheck` on a GPU (issue 4: offsets and page indices that cannot be checked without a
-host sync must still never make a kernel read or write outside its tensors):
+"""Packed-batch and KV-cache calls with valid and with malformed index tensors, and dense forward + backward calls
+at lengths that are not tile multiples, to run under `compute-sanitizer --tool memcheck` (or `--tool racecheck`)
+on a GPU (issue 4: offsets and page indices that cannot be checked without a host sync must still never make a
+kernel read or write outside its tensors):
 
-    compute-sanitizer --tool memcheck --error-exitcode 1 python3 scripts/memcheck_cases.py
+    compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 python3 scripts/memcheck_cases.py
 
 Malformed values give meaningless numbers; only memory safety is checked here (the GPU tests check results).
-Uses the kernels tests/test_varlen_gpu.py and tests/test_kvcache_gpu.py use (prebuilt by
-scripts/prebuild_gpu_test_kernels.py).
+Uses kernels tests/test_{varlen,kvcache,bwd}_gpu.py use (prebuilt by scripts/prebuild_gpu_test_kernels.py).
 """
 
 from __future__ import annotations
 
 import torch
 
-from flash_gen import flash_attn_varlen_func, flash_attn_with_kvcache
+from flash_gen import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
 
 
 def i32(values) -> torch.Tensor:
@@ -35,6 +35,25 @@ def varlen_cases() -> int:
             out = flash_attn_varlen_func(q, k, v, i32(cu_q), i32(cu_k), None, None, causal=causal)
             out.backward(torch.ones_like(out))
     return len(offsets) * 2
+
+
+def dense_backward_cases() -> int:
+    """GQA, seqlen_q above and below seqlen_k, single rows, every mask kind (the Hopper backward's keys and the
+    portable one's)."""
+    cases = [  # head dim, batch, seqlen_q, seqlen_k, heads, KV heads, causal, window
+        (64, 2, 301, 777, 6, 2, False, (-1, -1)),
+        (64, 1, 777, 301, 4, 4, True, (-1, -1)),
+        (128, 2, 130, 513, 4, 1, False, (64, 64)),
+        (128, 3, 1, 1, 2, 2, False, (-1, -1)),
+        (128, 1, 799, 3, 2, 1, True, (-1, -1)),
+        (64, 2, 200, 200, 2, 2, False, (-1, 17)),
+    ]
+    for d, b, sq, sk, h, hk, causal, window in cases:
+        q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        k, v = (torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+        out = flash_attn_func(q, k, v, causal=causal, window_size=window)
+        out.backward(torch.randn_like(out))
+    return len(cases)
 
 
 def kvcache_cases() -> int:
@@ -67,6 +86,6 @@ def kvcache_cases() -> int:
 
 
 if __name__ == "__main__":
-    n = varlen_cases() + kvcache_cases()
+    n = varlen_cases() + dense_backward_cases() + kvcache_cases()
     torch.cuda.synchronize()
     print(f"memcheck_cases: {n} calls completed")

@@ -41,9 +41,10 @@ def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvca
     import test_kvcache_gpu as tk
     import test_varlen_gpu as tv
 
+    from flash_gen import bwd_tilings
     from flash_gen.fwd_tilings import config_from_name, default_config, infeasible_reason
     from flash_gen.spec import FwdKey
-    from flash_gen.spec_bwd import BwdKey, bwd_config_from_name, default_bwd_config
+    from flash_gen.spec_bwd import BwdKey
     from flash_gen.validate import derive_mask
 
     def default(dtype: str, head_dim: int, mask: str, softcap: bool = False, alibi: bool = False,
@@ -54,7 +55,7 @@ def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvca
     def default_bwd(dtype: str, head_dim: int, mask: str, softcap: bool = False, alibi: bool = False,
                     deterministic: bool = False, varlen: bool = False) -> tuple:
         key = BwdKey(arch, dtype, head_dim, mask, softcap, alibi, varlen, deterministic)
-        return key, default_bwd_config(key)
+        return key, bwd_tilings.default_config(key)
 
     out = set()
     cases = (t.CASES if "fwd" in suites else []) + (tb.CASES if "bwd" in suites else [])
@@ -97,9 +98,12 @@ def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvca
         for d in (64, 128):
             out.add(default("bf16", d, "causal"))
             out.update(default_bwd("bf16", d, "causal", deterministic=det) for det in (False, True))
-        for dtype, d, mask, name in tb.TILINGS:  # test_backward_tilings
-            out.add(default(dtype, d, mask))
-            out.add((default_bwd(dtype, d, mask)[0], bwd_config_from_name(name)))
+        for dtype, d, mask_name, name in tb.TILINGS:  # test_backward_tilings
+            mask = derive_mask(*t.MASKS[mask_name], *tb.TILING_LENS)[0]
+            cfg = bwd_tilings.config_from_name(name)
+            if bwd_tilings.infeasible_reason(default_bwd(dtype, d, mask)[0], cfg) is None:
+                out.add(default(dtype, d, mask))
+                out.add((default_bwd(dtype, d, mask)[0], cfg))
     if "sm90" in suites and arch == "sm90":  # tests/test_fwd_sm90_gpu.py and the Hopper kernel's bench tilings
         import test_fwd_sm90_gpu as ts
 

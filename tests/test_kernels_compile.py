@@ -17,7 +17,8 @@ import pytest
 from flash_gen import cli
 from flash_gen.gen.render import entry_name, render_fwd
 from flash_gen.spec import FwdConfig, FwdKey, default_config, enumerate_configs, enumerate_keys, smem_bytes
-from flash_gen.spec_bwd import BwdKey, default_bwd_config
+from flash_gen.bwd_tilings import default_config as bwd_default
+from flash_gen.spec_bwd import BwdKey
 
 MATRIX = (
     FwdKey("sm80", "bf16", 128, "causal"),
@@ -40,7 +41,7 @@ KNOWN_SPILL_STORES = {BwdKey("sm80", "bf16", 128, "causal"): 52}
 
 
 def _default(key):
-    return default_bwd_config(key) if isinstance(key, BwdKey) else default_config(key)
+    return bwd_default(key) if isinstance(key, BwdKey) else default_config(key)
 
 
 def test_every_key_renders_with_its_default_config():

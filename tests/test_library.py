@@ -71,14 +71,16 @@ def test_foreign_or_corrupt_entries_fall_back(tmp_path, monkeypatch, helpers_onl
 def test_cli_info_names_default_and_tuned_tilings(capsys, monkeypatch):
     from flash_gen import cli
 
-    assert cli.main(["info", "fwd_sm90_bf16_hd96_causal"]) == 0  # tuned before the Hopper kernel: stale
+    db = tuned.TunedDb("sm90")
+    monkeypatch.setattr(tuned, "shipped", lambda arch: db)
+    stale = FwdKey("sm90", "bf16", 96, "causal")  # tuned against the portable kernel, before the Hopper one
+    db.record(stale.name, "s<=4k", tuned.Entry("m128n64w4s2", 1.0, "m128n64w4s2", 1.0, "gpu", "drv", "now", 3))
+    assert cli.main(["info", stale.name]) == 0
     out = capsys.readouterr().out
     assert "default tiling wgm128n128s2_persist " in out and "tuned s<=4k: m128n64w4s2 (stale" in out
     key = FwdKey("sm90", "bf16", 256, "causal")
     hopper = fwd_tilings.default_config(key)
-    db = tuned.TunedDb("sm90")
     db.record(key.name, "s<=4k", tuned.Entry("wgm128n80s2", 1.0, hopper.name, 1.1, "gpu", "drv", "now", 3))
-    monkeypatch.setattr(tuned, "shipped", lambda arch: db)
     assert cli.main(["info", key.name]) == 0
     out = capsys.readouterr().out
     assert f"default tiling {hopper.name} " in out and "tuned s<=4k: wgm128n80s2 " in out and "stale" not in out

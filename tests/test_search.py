@@ -13,7 +13,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from flash_gen import spec, spec_bwd, spec_sm90
+from flash_gen import spec, spec_bwd, spec_bwd_sm90, spec_sm90
 from flash_gen import tuned as database
 from flash_gen.search import space
 from flash_gen.search.study import open_study
@@ -25,9 +25,12 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_space_is_the_templates_declaration():
     fwd = space.Family("fwd", "sm90", "bf16", 128, "causal")  # the Hopper kernel's keys search its own axes
     portable = space.Family("fwd", "sm80", "bf16", 96, "causal")
-    bwd = space.Family("bwd", "sm90", "bf16", 128, "causal")
+    bwd = space.Family("bwd", "sm90", "bf16", 96, "causal")  # the portable backward (Hopper's runs 64 and 128)
+    hopper_bwd = space.Family("bwd", "sm90", "bf16", 128, "causal")
     assert space.axes(fwd) == spec_sm90.SM90_CONFIG_SPACE and space.axes(portable) == spec.CONFIG_SPACE
     assert space.axes(bwd) == spec_bwd.BWD_CONFIG_SPACE
+    assert space.axes(hopper_bwd) == spec_bwd_sm90.SM90_BWD_CONFIG_SPACE
+    assert list(space.feasible_configs(hopper_bwd)) == [space.default_config(hopper_bwd)]
     for fam in (fwd, portable, bwd, space.Family("decode", "sm90", "bf16", 128, "none")):
         configs = list(space.feasible_configs(fam))
         total, kept = space.space_size(fam)
@@ -47,7 +50,7 @@ def test_static_model_rejects_before_compiling():
 
 
 def test_suggest_draws_every_axis():
-    fam = space.Family("bwd", "sm90", "fp16", 64, "none")
+    fam = space.Family("bwd", "sm90", "fp16", 96, "none")  # a portable-backward family
     drawn = []
     cfg = space.suggest_config(fam, lambda name, choices: drawn.append(name) or choices[-1])
     assert drawn == list(spec_bwd.BWD_CONFIG_SPACE) and isinstance(cfg, spec_bwd.BwdConfig)
@@ -144,6 +147,30 @@ def test_a_later_bucket_first_measures_the_earlier_buckets_best(tmp_path):
         assert warm_start(second, first, count=3) == 3
         search(second, FAMILY, trials=3, **run)
     assert [t.user_attrs["config"] for t in second.trials[:3]] == [name for name, _ in best]
+
+
+def test_a_bucket_first_measures_the_other_dtypes_winner(tmp_path):
+    """The fp16 family's buckets are seeded with the live bf16 winners of the same bucket in the database the tune
+    updates; a stale entry (tuned against an old default) and one that kept the default are not."""
+    from flash_gen.search.study import sibling_params
+
+    fam = space.Family("fwd", "sm90", "fp16", 128, "causal")
+    default, winner = space.default_config(fam), spec_sm90.Sm90FwdConfig(80, 4, block_m=192)
+    db = database.TunedDb("sm90")
+    for bucket, config, tuned_against in (("s<=1k", default.name, default.name), ("s<=4k", winner.name, "old"),
+                                          ("s>4k", winner.name, default.name)):
+        db.record("fwd_sm90_bf16_hd128_causal", bucket, database.Entry(config, 1.0, tuned_against, 1.1, "NVIDIA H200",
+                                                                        "CUDA 13.0", "2026-11-30T10:18:20+00:00", 40))
+    db = database.load("sm90", db.save(tmp_path / "sm90.json"))
+    seeded = {}
+    for bucket in space.buckets(fam):
+        study = optuna.create_study()
+        for params in sibling_params(db, fam, bucket):
+            study.enqueue_trial(params, skip_if_exists=True)
+        waiting = len(study.get_trials(states=(optuna.trial.TrialState.WAITING,)))
+        # The configs the bucket's first trials draw, as search() does.
+        seeded[bucket.name] = [space.suggest_config(fam, study.ask().suggest_categorical) for _ in range(waiting)]
+    assert seeded == {"s<=1k": [], "s<=4k": [], "s>4k": [winner]}
 
 
 def test_precompile_fills_the_kernel_cache_for_the_tune(tmp_path, monkeypatch, capsys):

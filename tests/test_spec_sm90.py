@@ -90,3 +90,20 @@ def test_cli_compile_accepts_hopper_config_names():
         arch=("sm80", "sm90"), dtype=("bf16",), hdim=(128,), mask=("none",), softcap=False, alibi=False, varlen=False,
         kv="dense", split=False, pack_gqa=False, direction=("fwd",), deterministic=False, configs=("wgm128n128s2p",))
     assert [(k.arch, c.name) for k, c in cli._variants(args)] == [("sm90", "wgm128n128s2p")]  # sm80: infeasible
+
+
+def test_hopper_backward_compiles_on_wgmma(tmp_path, monkeypatch):
+    """The work-in-progress Hopper backward (reached only through a forced tiling): five wgmma GEMMs, S^T and dP^T
+    from shared memory, dK/dV with P^T and dS^T from registers, no serialised wgmmas, no spills at head dim 64."""
+    from flash_gen.spec_bwd import BwdKey
+    from flash_gen.spec_bwd_sm90 import Sm90BwdConfig, sm90_bwd_infeasible_reason
+
+    monkeypatch.setenv("FLASH_GEN_CACHE_DIR", str(tmp_path))
+    key, cfg = BwdKey("sm90", "bf16", 64, "causal"), Sm90BwdConfig()
+    assert sm90_bwd_infeasible_reason(key, cfg) is None
+    assert "softcap" in sm90_bwd_infeasible_reason(BwdKey("sm90", "bf16", 64, "causal", softcap=True), cfg)
+    (c,) = batches.compile_batch([(key, cfg)])
+    assert c.error is None, c.error
+    assert c.ok, f"{c.entry}: spills or serialised wgmmas"
+    assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16" in c.result.ptx  # S^T, dP^T, dK, dV
+    assert "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16" in c.result.ptx  # dQ, head dim split in two

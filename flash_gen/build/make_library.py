@@ -12,7 +12,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterator
 
-from flash_gen import fwd_tilings, spec, spec_bwd, tuned
+from flash_gen import bwd_tilings, fwd_tilings, spec, spec_bwd, tuned
 from flash_gen.build import cache, nvrtc
 from flash_gen.build.batches import compile_batch, plan_batches
 from flash_gen.build.library import Library, Record
@@ -29,7 +29,7 @@ def plan(arch: str) -> list[tuple]:
     out: set[tuple] = set()
     for dtype, hd, mask in itertools.product(spec.DTYPES, HEAD_DIMS, spec.MASKS):
         fwd, bwd = spec.FwdKey(arch, dtype, hd, mask), spec_bwd.BwdKey(arch, dtype, hd, mask)
-        out |= {(fwd, fwd_tilings.default_config(fwd)), (bwd, spec_bwd.default_bwd_config(bwd))}
+        out |= {(fwd, fwd_tilings.default_config(fwd)), (bwd, bwd_tilings.default_config(bwd))}
     for dtype, hd, mask, kv, split in itertools.product(spec.DTYPES, DECODE_HEAD_DIMS, ("none", "causal"),
                                                         ("cache", "paged"), (False, True)):
         key = spec.FwdKey(arch, dtype, hd, mask, kv=kv, split=split, pack_gqa=True)
@@ -50,7 +50,7 @@ def helpers(arch: str) -> Iterator[tuple[Callable[[], str], list[str]]]:
 
 def _launch_shape(key, cfg) -> tuple[int, int]:
     if isinstance(key, spec_bwd.BwdKey):
-        return spec_bwd.bwd_smem_bytes(key, cfg), cfg.num_threads
+        return bwd_tilings.smem_bytes(key, cfg), cfg.num_threads
     return fwd_tilings.smem_bytes(key, cfg), cfg.num_threads
 
 

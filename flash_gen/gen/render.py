@@ -14,6 +14,7 @@ import jinja2
 
 from flash_gen.spec import FwdConfig, FwdKey, infeasible_reason, smem_bytes
 from flash_gen.spec_bwd import BwdConfig, BwdKey, bwd_head_dim_mma, bwd_infeasible_reason, bwd_smem_bytes
+from flash_gen.spec_bwd_sm90 import Sm90BwdConfig, sm90_bwd_infeasible_reason, sm90_bwd_smem_bytes
 from flash_gen.spec_sm90 import (
     Sm90FwdConfig,
     needs_extended_wgmma,
@@ -87,6 +88,13 @@ def render_bwd_many(variants: Sequence[tuple[BwdKey, BwdConfig]]) -> str:
     return _env().get_template("bwd_sm80.cu.j2").render(variants=items)
 
 
+def render_bwd_sm90_many(variants: Sequence[tuple[BwdKey, Sm90BwdConfig]]) -> str:
+    """One translation unit holding the Hopper backward kernel of every (key, config) in `variants`."""
+    items = _items(variants, sm90_bwd_infeasible_reason,
+                   lambda key, cfg: {"smem_bytes": sm90_bwd_smem_bytes(key, cfg)})
+    return _env().get_template("bwd_sm90.cu.j2").render(variants=items)
+
+
 def _items(variants: Sequence[tuple], infeasible: Callable, extra: Callable) -> list[dict]:
     """Template values of each (key, config): the fields every kernel template uses plus `extra(key, cfg)`."""
     items = []
@@ -143,6 +151,8 @@ def render_append(arch: str, dtype: str) -> str:
 
 def render_many(variants: Sequence[tuple]) -> str:
     """One translation unit for variants of one kernel family (portable forward, Hopper forward or backward)."""
+    if isinstance(variants[0][1], Sm90BwdConfig):
+        return render_bwd_sm90_many(variants)
     if isinstance(variants[0][0], BwdKey):
         return render_bwd_many(variants)
     if isinstance(variants[0][1], Sm90FwdConfig):

@@ -11,8 +11,9 @@ import ctypes
 
 import torch
 
-from flash_gen import settings
-from flash_gen.gen.render import bwd_aux_prefix, entry_name, render_bwd, render_bwd_aux
+from flash_gen import bwd_tilings, settings
+from flash_gen.bwd_tilings import BwdTiling
+from flash_gen.gen.render import bwd_aux_prefix, entry_name, render_bwd_aux, render_many
 from flash_gen.runtime import driver, loader
 from flash_gen.runtime.score_params import (
     DTYPES,
@@ -23,15 +24,7 @@ from flash_gen.runtime.score_params import (
     varlen_tiles,
 )
 from flash_gen.spec import bucket_name
-from flash_gen.spec_bwd import (
-    BwdConfig,
-    BwdKey,
-    bwd_config_from_name,
-    bwd_head_dim_mma,
-    bwd_infeasible_reason,
-    bwd_smem_bytes,
-    default_bwd_config,
-)
+from flash_gen.spec_bwd import BwdKey
 from flash_gen.tuned import tuned_config
 
 _AUX_THREADS, _AUX_ROWS = 128, 32  # kAuxThreads, kAuxRows in templates/include/flash_gen/bwd_aux.cuh
@@ -73,9 +66,10 @@ class _Variant:
 
     __slots__ = ("main", "preprocess", "convert_dq", "cfg", "smem", "head_dim_mma")
 
-    def __init__(self, key: BwdKey, cfg: BwdConfig, device: int) -> None:
-        self.cfg, self.smem, self.head_dim_mma = cfg, bwd_smem_bytes(key, cfg), bwd_head_dim_mma(key, cfg)
-        self.main = loader.get_kernel(lambda: render_bwd(key, cfg), entry_name(key, cfg), key.arch, self.smem, device)
+    def __init__(self, key: BwdKey, cfg: BwdTiling, device: int) -> None:
+        self.cfg, self.smem, self.head_dim_mma = cfg, bwd_tilings.smem_bytes(key, cfg), bwd_tilings.head_dim_mma(key, cfg)
+        self.main = loader.get_kernel(lambda: render_many([(key, cfg)]), entry_name(key, cfg), key.arch, self.smem,
+                                      device)
         prefix = bwd_aux_prefix(key.arch, key.dtype)
         aux_source = lambda: render_bwd_aux(key.arch, key.dtype)  # noqa: E731
         self.preprocess = loader.get_kernel(aux_source, f"{prefix}_preprocess", key.arch, 0, device)
@@ -85,21 +79,21 @@ class _Variant:
 _variants: dict[tuple, _Variant] = {}
 
 
-def _forced_config(key: BwdKey) -> BwdConfig | None:
+def _forced_config(key: BwdKey) -> BwdTiling | None:
     """FLASH_GEN_BWD_CONFIG where it is feasible for `key`."""
     forced = settings.bwd_config()
-    cfg = bwd_config_from_name(forced) if forced else None
-    return cfg if cfg is not None and bwd_infeasible_reason(key, cfg) is None else None
+    cfg = bwd_tilings.config_from_name(forced) if forced else None
+    return cfg if cfg is not None and bwd_tilings.infeasible_reason(key, cfg) is None else None
 
 
 def _variant(device: int, dtype: str, head_dim: int, mask: str, softcap: bool, alibi: bool, varlen: bool,
-             deterministic: bool, config: BwdConfig | None, bucket: str) -> _Variant:
+             deterministic: bool, config: BwdTiling | None, bucket: str) -> _Variant:
     lookup = (device, dtype, head_dim, mask, softcap, alibi, varlen, deterministic, config, bucket)
     var = _variants.get(lookup)
     if var is None:
         key = BwdKey(driver.device_arch(device), dtype, head_dim, mask, softcap, alibi, varlen, deterministic)
-        cfg = config or _forced_config(key) or tuned_config(key, bucket) or default_bwd_config(key)
-        why = bwd_infeasible_reason(key, cfg)
+        cfg = config or _forced_config(key) or tuned_config(key, bucket) or bwd_tilings.default_config(key)
+        why = bwd_tilings.infeasible_reason(key, cfg)
         if why is not None:
             raise ValueError(f"config: {cfg.name} cannot run {key.name}: {why}")
         var = _variants[lookup] = _Variant(key, cfg, device)
@@ -172,7 +166,7 @@ def attention_bwd(
     deterministic: bool,
     cu_seqlens_q: torch.Tensor | None = None,
     cu_seqlens_k: torch.Tensor | None = None,
-    config: BwdConfig | None = None,
+    config: BwdTiling | None = None,
 ) -> None:
     """Write the gradients of attention into dq, dk, dv (shaped like q, k, v; last dim contiguous, any other
     strides, e.g. views of one packed gradient). dout and out are shaped like q, lse is the forward's float32

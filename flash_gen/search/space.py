@@ -4,7 +4,8 @@ their representative shapes, and the search space of the family's template.
 The axes and their constraints are the template's own declaration, next to the config dataclasses the templates
 are rendered from: flash_gen.spec_sm90.SM90_CONFIG_SPACE (forward keys the Hopper kernel runs: the default's
 family is searched), flash_gen.spec.CONFIG_SPACE (other forward and decoding keys) and
-flash_gen.spec_bwd.BWD_CONFIG_SPACE (backward), each pruned by its infeasible_reason. Must not import torch or
+flash_gen.spec_bwd_sm90.SM90_BWD_CONFIG_SPACE and flash_gen.spec_bwd.BWD_CONFIG_SPACE (backward: the default's family
+again), each pruned by its infeasible_reason. Must not import torch or
 optuna.
 """
 
@@ -15,7 +16,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from flash_gen import fwd_tilings, spec, spec_bwd, spec_sm90
+from flash_gen import bwd_tilings, fwd_tilings, spec, spec_bwd, spec_bwd_sm90, spec_sm90
 
 DIRECTIONS = ("fwd", "bwd", "decode")
 
@@ -99,32 +100,35 @@ def bucket_for(family_buckets: tuple[Bucket, ...], seqlen_k: int) -> Bucket:
 
 
 def _hopper(family: Family) -> bool:
+    """Whether the family's default is a Hopper (wgmma) kernel, whose template's space is then searched."""
+    if family.direction == "bwd":
+        return isinstance(bwd_tilings.default_config(family.key), spec_bwd_sm90.Sm90BwdConfig)
     return family.direction == "fwd" and spec_sm90.default_sm90_config(family.key) is not None
 
 
 def axes(family: Family) -> dict[str, tuple]:
     """The template's tunable axes for this family."""
     if family.direction == "bwd":
-        return dict(spec_bwd.BWD_CONFIG_SPACE)
+        return dict(spec_bwd_sm90.SM90_BWD_CONFIG_SPACE if _hopper(family) else spec_bwd.BWD_CONFIG_SPACE)
     return dict(spec_sm90.SM90_CONFIG_SPACE if _hopper(family) else spec.CONFIG_SPACE)
 
 
-def make_config(family: Family, params: dict) -> fwd_tilings.FwdTiling | spec_bwd.BwdConfig:
+def make_config(family: Family, params: dict) -> fwd_tilings.FwdTiling | bwd_tilings.BwdTiling:
     if family.direction == "bwd":
-        return spec_bwd.BwdConfig(**params)
+        return spec_bwd_sm90.Sm90BwdConfig(**params) if _hopper(family) else spec_bwd.BwdConfig(**params)
     return spec_sm90.Sm90FwdConfig(**params) if _hopper(family) else spec.FwdConfig(**params)
 
 
 def infeasible(family: Family, cfg) -> str | None:
     """The static model's verdict (shared memory, registers, divisibility) before anything compiles."""
     if family.direction == "bwd":
-        return spec_bwd.bwd_infeasible_reason(family.key, cfg)
+        return bwd_tilings.infeasible_reason(family.key, cfg)
     return fwd_tilings.infeasible_reason(family.key, cfg)
 
 
 def default_config(family: Family):
     key = family.key
-    return spec_bwd.default_bwd_config(key) if family.direction == "bwd" else fwd_tilings.default_config(key)
+    return bwd_tilings.default_config(key) if family.direction == "bwd" else fwd_tilings.default_config(key)
 
 
 def feasible_configs(family: Family) -> Iterator:

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
 import optuna
 
-from flash_gen import settings
+from flash_gen import settings, spec
+from flash_gen import tuned as database
 from flash_gen.search import space
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -69,6 +70,25 @@ def warm_start(study: optuna.Study, source: optuna.Study, count: int = 4) -> int
         if len(names) == count:
             break
     return len(names)
+
+
+def sibling_params(db: database.TunedDb, family: space.Family, bucket: space.Bucket) -> list[dict]:
+    """The params of the live configs `db` holds for `bucket` of the family's sibling keys (the other dtype: the
+    same kernels but for the element type, so the likeliest winners), for the bucket's study to measure first. Skips
+    configs of another template or outside the family's axes, infeasible for its key, or its default (measured
+    anyway)."""
+    axes, default = space.axes(family), space.default_config(family)
+    out = []
+    for dtype in spec.DTYPES:
+        if dtype == family.dtype:
+            continue
+        cfg = db.live_config(replace(family, dtype=dtype).key, bucket.name)
+        if cfg is None or cfg == default or space.infeasible(family, cfg) is not None:
+            continue
+        params = asdict(cfg)
+        if params.keys() == axes.keys() and all(v in axes[k] for k, v in params.items()):
+            out.append(params)
+    return out
 
 
 def search(

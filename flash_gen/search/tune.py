@@ -1,7 +1,8 @@
 """`flash-gen tune`: for each family and bucket, measure the default config, search the space with Optuna
 (compiles in worker processes, measurements on the GPU), keep the fastest config that is correct and never
-slower than the default, print a summary and write the tuning database (flash_gen/tuned/<arch>.json). A family's
-later buckets first measure the earlier bucket's best configs (warm_start), which are compiled already.
+slower than the default, print a summary and write the tuning database (flash_gen/tuned/<arch>.json). Each bucket
+first measures the configs that won it for the other dtype in that database (sibling_params), then, in a family's
+later buckets, the earlier bucket's best configs (warm_start), which are compiled already.
 --precompile compiles the families' whole spaces into the kernel cache in batches, on any machine, so a tune with
 a short budget spends it measuring.
 
@@ -21,7 +22,7 @@ from datetime import datetime, timezone
 
 from flash_gen import tuned as database
 from flash_gen.search import space
-from flash_gen.search.study import Rejected, finished, open_study, search, warm_start
+from flash_gen.search.study import Rejected, finished, open_study, search, sibling_params, warm_start
 
 
 def compile_candidate(family: space.Family, cfg) -> Rejected | None:
@@ -110,6 +111,7 @@ def _tune(args: argparse.Namespace, families: list[space.Family]) -> int:
     with ProcessPoolExecutor(max_workers=workers) as pool, Progress(transient=True) as progress:
         for fam in families:
             start, fam_buckets, previous = time.monotonic(), space.buckets(fam), None
+            db = database.load(fam.arch, args.database)  # per family: run() writes it after each one
             for i, bucket in enumerate(fam_buckets):
                 # Bucket i may run until i+1 equal shares of the family's time budget have passed.
                 deadline = start + args.time_budget * 60 * (i + 1) / len(fam_buckets) if args.time_budget else None
@@ -121,6 +123,8 @@ def _tune(args: argparse.Namespace, families: list[space.Family]) -> int:
                 study = open_study(study_name(args, fam, bucket), args.storage, args.seed)
                 study.set_user_attr("default", {"config": default.name, "ms": default_ms})
                 study.set_user_attr("device", {"gpu": gpu, "driver": driver})
+                for params in sibling_params(db, fam, bucket):
+                    study.enqueue_trial(params, skip_if_exists=True)  # a resumed study already holds them
                 if previous is not None:
                     warm_start(study, previous)
                 task = progress.add_task(f"{fam.name} {bucket.name}", total=args.trials)

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from flash_gen import fwd_tilings, spec, spec_bwd
+from flash_gen import bwd_tilings, fwd_tilings, spec, spec_bwd
 
 FORMAT = 1
 TUNED_DIR = Path(__file__).resolve().parent  # <arch>.json files sit next to this reader
@@ -43,6 +43,11 @@ class TunedDb:
 
     def lookup(self, key_name: str, bucket: str) -> Entry | None:
         return self.entries.get(key_name, {}).get(bucket)
+
+    def live_config(self, key, bucket: str):
+        """The config of `key`'s entry in `bucket`, or None where there is none or it is stale (_live)."""
+        entry = self.lookup(key.name, bucket)
+        return None if entry is None else _live(key, entry)
 
     def record(self, key_name: str, bucket: str, entry: Entry) -> None:
         self.entries.setdefault(key_name, {})[bucket] = entry
@@ -90,8 +95,7 @@ def shipped(arch: str) -> TunedDb:
 
 def tuned_config(key, bucket: str):
     """The tuned config for `key` in `bucket` (flash_gen.spec.bucket_name), or None."""
-    entry = shipped(key.arch).lookup(key.name, bucket)
-    return None if entry is None else _live(key, entry)
+    return shipped(key.arch).live_config(key, bucket)
 
 
 def live_configs(arch: str) -> Iterator[tuple]:
@@ -108,8 +112,8 @@ def _live(key, entry: Entry):
     """The entry's config, or None where it is stale: tuned against another default than today's (a faster
     kernel family or tiling has become the default since), or rejected by the current feasibility rules."""
     if isinstance(key, spec_bwd.BwdKey):
-        default, cfg = spec_bwd.default_bwd_config(key), spec_bwd.bwd_config_from_name(entry.config)
-        feasible = spec_bwd.bwd_infeasible_reason(key, cfg) is None
+        default, cfg = bwd_tilings.default_config(key), bwd_tilings.config_from_name(entry.config)
+        feasible = bwd_tilings.infeasible_reason(key, cfg) is None
     else:
         default, cfg = fwd_tilings.default_config(key), fwd_tilings.config_from_name(entry.config)
         feasible = fwd_tilings.infeasible_reason(key, cfg) is None

@@ -9,6 +9,7 @@
 // so every run adds in the same order.
 #pragma once
 #include "flash_gen/attn_mask.cuh"
+#include "flash_gen/bwd_dq.cuh"
 #include "flash_gen/bwd_params.cuh"
 #include "flash_gen/seq_info.cuh"
 #include "flash_gen/sm80_ldsm.cuh"
@@ -61,28 +62,6 @@ struct BwdTraits {
   using GmemStore = typename GmemCopy<Element, kNThreads, kHeadDimMma>::Store;
   using StoreC = Copy_Atom<AutoVectorizingCopyWithAssumedAlignment<32>, Element>;
 };
-
-__device__ __forceinline__ int ld_acquire(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
-// dst += acc for an MMA accumulator and its gmem partition, with reductions (no return value). Elements 2i and
-// 2i+1 of an m16n8 accumulator are adjacent columns of one row, so Hopper and newer add them as one 8-byte vector,
-// halving the reductions the LSU pipe issues.
-template <class Acc, class Dst>
-__device__ __forceinline__ void red_add(Dst&& dst, Acc const& acc) {
-  CUTE_UNROLL
-  for (int i = 0; i < size(acc); i += 2) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(&dst(i)), "f"(acc(i)), "f"(acc(i + 1)) : "memory");
-#else
-    atomicAdd(&dst(i), acc(i));
-    atomicAdd(&dst(i + 1), acc(i + 1));
-#endif
-  }
-}
 
 template <class T>
 __device__ __forceinline__ void bwd_kernel(BwdParams const& p) {
@@ -311,26 +290,7 @@ __device__ __forceinline__ void bwd_kernel(BwdParams const& p) {
           [&](int i, int n) { LdsmKV::template load_bt<8 * kWnQ>(tdQrKt, k_addr, off_kt, i, n); });
       Tensor tdQgdQ = thr_dq.partition_C(make_tensor(make_gmem_ptr(dq_acc_ptr + int64_t(row0) * kD),
                                                      Shape<Int<kBlockM>, Int<kD>>{}, Stride<Int<kD>, _1>{}));
-      int* semaphore = nullptr;
-      if constexpr (T::kDeterministic) {
-        // The CTAs adding into this query tile take turns in key-tile order, starting at the first key tile
-        // whose CTA visits it.
-        semaphore = p.dq_semaphore + acc0 + row0;
-        const int first = kLeftBound ? max(0, row0 + diag - p.window_left) / kBlockN : 0;
-        if (tidx == 0) {
-          while (ld_acquire(semaphore) != n_block - first) {
-          }
-        }
-        __syncthreads();
-      }
-      red_add(tdQgdQ, acc_dq);
-      if constexpr (T::kDeterministic) {
-        __syncthreads();  // every thread's additions are issued before the turn passes on
-        if (tidx == 0) {
-          __threadfence();
-          atomicAdd(semaphore, 1);
-        }
-      }
+      add_dq<T::kDeterministic, kLeftBound, kBlockN>(p, tdQgdQ, acc_dq, acc0 + row0, n_block, row0 + diag);
 
       gemm_pipelined(
           acc_dv, tdVrPt, tdVrdOt, mma_dkv,

@@ -1,0 +1,46 @@
+"""The backward's tilings across its two kernel families behind one set of functions: the portable template
+(flash_gen.spec_bwd.BwdConfig) and the Hopper template (flash_gen.spec_bwd_sm90.Sm90BwdConfig). Must not import
+torch or cuda.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+from flash_gen import spec_bwd, spec_bwd_sm90
+from flash_gen.spec_bwd import BwdConfig, BwdKey
+from flash_gen.spec_bwd_sm90 import Sm90BwdConfig
+
+BwdTiling = Union[BwdConfig, Sm90BwdConfig]
+
+
+def default_config(key: BwdKey) -> BwdTiling:
+    """The Hopper kernel where it supports `key` (1.2x the portable kernel's fwd+bwd at head dim 128 on the H200,
+    docs/benchmarks.md), else the portable kernel's default."""
+    hopper = Sm90BwdConfig()
+    return hopper if spec_bwd_sm90.sm90_bwd_infeasible_reason(key, hopper) is None else spec_bwd.default_bwd_config(key)
+
+
+def config_from_name(name: str) -> BwdTiling:
+    """Inverse of either family's config name; ValueError for anything else."""
+    cfg = spec_bwd_sm90.sm90_bwd_config_from_name(name)
+    return cfg if cfg is not None else spec_bwd.bwd_config_from_name(name)
+
+
+def infeasible_reason(key: BwdKey, cfg: BwdTiling) -> str | None:
+    if isinstance(cfg, Sm90BwdConfig):
+        return spec_bwd_sm90.sm90_bwd_infeasible_reason(key, cfg)
+    return spec_bwd.bwd_infeasible_reason(key, cfg)
+
+
+def smem_bytes(key: BwdKey, cfg: BwdTiling) -> int:
+    if isinstance(cfg, Sm90BwdConfig):
+        return spec_bwd_sm90.sm90_bwd_smem_bytes(key, cfg)
+    return spec_bwd.bwd_smem_bytes(key, cfg)
+
+
+def head_dim_mma(key: BwdKey, cfg: BwdTiling) -> int:
+    """Columns of the fp32 dQ accumulator rows (what the main kernel's dQ GEMM computes)."""
+    if isinstance(cfg, Sm90BwdConfig):
+        return key.head_dim
+    return spec_bwd.bwd_head_dim_mma(key, cfg)

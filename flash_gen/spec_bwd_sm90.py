@@ -1,0 +1,65 @@
+"""The Hopper backward kernel's tiling (templates/include/flash_gen/bwd_sm90.cuh), the sm90 default for the keys it
+supports (flash_gen.bwd_tilings.default_config). Must not import torch or cuda.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from flash_gen.spec import MAX_SMEM_PER_BLOCK
+from flash_gen.spec_bwd import BwdKey
+
+
+@dataclass(frozen=True)
+class Sm90BwdConfig:
+    """block_m queries per step x block_n keys per CTA (two warpgroups of 64 keys), two Q/dO buffers; the
+    template takes any block_m, the feasibility rule admits 64 x 128 only for now."""
+
+    block_m: int = 64
+    block_n: int = 128
+
+    @property
+    def name(self) -> str:
+        return f"wgbm{self.block_m}n{self.block_n}"
+
+    @property
+    def num_threads(self) -> int:
+        return 256
+
+
+# The tuner's axes where this kernel is the default (flash_gen.search.space): one point while the kernel fixes its
+# tiles; stages, block_n and the producer scheme join here as the template learns them.
+SM90_BWD_CONFIG_SPACE = {"block_m": (64,), "block_n": (128,)}
+
+
+def sm90_bwd_config_from_name(name: str) -> Sm90BwdConfig | None:
+    """Inverse of Sm90BwdConfig.name, or None for a name of another kernel family."""
+    m = re.fullmatch(r"wgbm(\d+)n(\d+)", name)
+    return Sm90BwdConfig(int(m[1]), int(m[2])) if m else None
+
+
+def sm90_bwd_smem_bytes(key: BwdKey, cfg: Sm90BwdConfig) -> int:
+    """Q, dO (two buffers each), K, V and dS tiles (2-byte elements), then the tile's lse and rowsum(dO*O)."""
+    d = key.head_dim
+    return 2 * (4 * cfg.block_m * d + 2 * cfg.block_n * d + cfg.block_m * cfg.block_n) + 2 * 4 * cfg.block_m
+
+
+def sm90_bwd_infeasible_reason(key: BwdKey, cfg: Sm90BwdConfig) -> str | None:
+    """Why the Hopper backward cannot run `key` with `cfg` (None when it can)."""
+    if key.arch != "sm90":
+        return f"wgmma kernels are built for sm90, not {key.arch}"
+    unsupported = [f for f in ("softcap", "alibi") if getattr(key, f)]
+    if unsupported:
+        return f"not supported yet: {', '.join(unsupported)}"
+    if (key.varlen or key.deterministic) and key.head_dim > 64:  # 255 registers and 16-44 B of spills (NVRTC 13.0)
+        return "registers: packed batches and deterministic dQ spill above head dim 64"
+    if cfg.block_n != 128:
+        return "block_n 128 only so far"
+    if cfg.block_m != 64:  # 128 at hdim 64 compiles (the template takes it) but spills 388 B (NVRTC 13.0)
+        return "block_m 64 only so far: 128-query steps spill"
+    if key.head_dim % 64 or key.head_dim > 128:
+        return f"head_dim {key.head_dim}: 64 or 128 only so far (dK and dV accumulate in registers)"
+    if sm90_bwd_smem_bytes(key, cfg) > MAX_SMEM_PER_BLOCK[key.arch]:
+        return "shared memory"
+    return None

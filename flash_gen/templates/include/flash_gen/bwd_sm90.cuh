@@ -1,0 +1,270 @@
+// Hopper backward (docs/hopper_backward.md), the sm90 default where it applies: FlashAttention-2's algorithm with the five
+// GEMMs on wgmma, in the transposed form FlashAttention-3 uses so that P and dS never need a shuffle:
+//   S^T = K Q^T, dP^T = V dO^T      (SS; warpgroup w holds keys [64w, 64w + 64) x the step's kBlockM queries)
+//   P^T = exp2(S^T * scale_log2 - lse_log2[q]),  dS^T = P^T * (dP^T - rowsum(dO * O)[q])
+//   dV += P^T dO, dK += dS^T Q      (RS: P^T and dS^T straight from the S^T accumulators' registers)
+//   dQ_accum += dS K                (SS: dS through shared memory, query-major; fp32 reductions to global)
+// One CTA (two warpgroups, 256 threads) owns a 128-key tile of K and V for one (batch, KV head) and walks the
+// query tiles that see it, for every query head sharing that KV head, like the portable backward (bwd_sm80.cuh),
+// with its parameters (BwdParams), preprocess and dQ conversion. Loads are cp.async by all threads, the next query
+// tile's Q and dO into a second buffer while this one computes, with a barrier per query tile: warp specialisation
+// (a TMA producer) comes after this version is correct. Head dims 64 and 128, masks without softcap or ALiBi, dense
+// or packed ragged batches, dQ additions in a fixed order when deterministic (bwd_dq.cuh; these two at head dim
+// 64 only: at 128 they spill).
+#pragma once
+#include "flash_gen/bwd_dq.cuh"
+#include "flash_gen/bwd_params.cuh"
+#include "flash_gen/fwd_sm90.cuh"  // wgmma_issue, gmma_rowcol, gmma_acc_as_a
+
+namespace flash_gen {
+
+template <class Element_, int kHeadDim_, int kBlockM_, Mask kMask_, bool kVarlen_, bool kDeterministic_>
+struct Sm90BwdTraits {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;  // queries per step: the N of S^T, the M of dQ
+  static constexpr int kBlockN = 128;  // keys per CTA: 64 per warpgroup
+  static constexpr int kNThreads = 256;
+  static constexpr int kStages = 2;  // Q/dO buffers
+  static constexpr Mask kMask = kMask_;
+  static constexpr bool kVarlen = kVarlen_;
+  static constexpr bool kDeterministic = kDeterministic_;
+  // Whether the dK/dV wgmmas run on through the dS barrier and the dQ GEMM: fwd+bwd +1.5-3% at head dim 64 on the
+  // H200, at 128 +2% without a mask but -1% causal, and holding P^T and dS^T that long spills 8 B under local masks.
+  static constexpr bool kOverlapDkvDq = kHeadDim <= 64 || kMask == Mask::kNone;
+  static_assert(kHeadDim % 64 == 0 && kHeadDim <= 256);
+
+  using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;
+  using SmemLayoutQ =  // Q and dO: (queries, head dim, stage)
+      decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStages>>{}));
+  using SmemLayoutK = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));  // K and V
+  // The same bytes seen head-dim-major: Q^T / dO^T and K^T as MN-major B operands.
+  using SmemLayoutQt = decltype(composition(
+      SmemLayoutQ{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockM>, Int<kStages>>{}, Step<_2, _1, _3>{})));
+  using SmemLayoutKt = decltype(composition(
+      SmemLayoutK{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, Step<_2, _1>{})));
+  // dS (queries, keys), query-major: the MN-major A operand of dQ = dS K.
+  using SmemLayoutdS =
+      decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{}, Shape<Int<kBlockM>, Int<kBlockN>>{}));
+  // The same bytes as (keys, queries): where the S^T accumulators' dS^T values land.
+  using SmemLayoutdSt = decltype(composition(
+      SmemLayoutdS{}, make_layout(Shape<Int<kBlockN>, Int<kBlockM>>{}, Stride<Int<kBlockM>, _1>{})));
+
+  using MmaSdP = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM>, Int<kHeadDim>>>(),
+      Layout<Shape<_2, _1, _1>>{}));
+  using MmadKV = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockM>>, GMMA::Major::K,
+                           GMMA::Major::MN>(),
+      Layout<Shape<_2, _1, _1>>{}));
+  // dQ: the tile's 64 queries x head dim, the warpgroups splitting the head dim.
+  using MmadQ = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim / 2>, Int<kBlockN>>, GMMA::Major::MN,
+                           GMMA::Major::MN>(),
+      Layout<Shape<_1, _2, _1>>{}));
+
+  using GmemLoad = typename GmemCopy<Element, kNThreads, kHeadDim>::Load;
+  using GmemStore = typename GmemCopy<Element, kNThreads, kHeadDim>::Store;
+  static constexpr int kSmemBytes =
+      int(sizeof(Element)) * (2 * kStages * kBlockM * kHeadDim + 2 * kBlockN * kHeadDim + kBlockM * kBlockN) +
+      2 * kBlockM * int(sizeof(float));
+};
+
+template <class T>
+__device__ __forceinline__ void bwd_sm90_kernel(BwdParams const& p) {
+  using Element = typename T::Element;
+  constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kD = T::kHeadDim;
+  extern __shared__ __align__(1024) char smem_buf[];
+  Element* smem_q = reinterpret_cast<Element*>(smem_buf);
+  Element* smem_do = smem_q + T::kStages * kBlockM * kD;
+  Element* smem_k = smem_do + T::kStages * kBlockM * kD;
+  Element* smem_v = smem_k + kBlockN * kD;
+  Element* smem_ds = smem_v + kBlockN * kD;
+  float* smem_lse = reinterpret_cast<float*>(smem_ds + kBlockM * kBlockN);
+  float* smem_dsum = smem_lse + kBlockM;
+
+  const int tidx = threadIdx.x;
+  const int head_k = blockIdx.y;
+  int n_block = blockIdx.x, batch = blockIdx.z;
+  if constexpr (T::kVarlen) {  // the grid's x runs over every entry's key tiles
+    const int2 tile = varlen_tile(p.cu_seqlens_k, p.batch, p.seqlen_k, n_block,
+                                  [](int len) { return (len + kBlockN - 1) / kBlockN; });
+    if (tile.x < 0) return;
+    batch = tile.x;
+    n_block = tile.y;
+  }
+  const SeqInfo seq = seq_info<T::kVarlen>(p, batch);
+  const int seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k, diag = seqlen_k - seqlen_q;
+  const int group = p.nheads / p.nheads_k;
+  const int col0 = n_block * kBlockN;
+  int m_min = 0, m_max = (seqlen_q + kBlockM - 1) / kBlockM;
+  if constexpr (MaskBounds<T::kMask>::kRight) m_min = max(0, col0 - diag - p.window_right) / kBlockM;
+  if constexpr (MaskBounds<T::kMask>::kLeft) {
+    const int last_row = col0 + kBlockN - 1 - diag + p.window_left;
+    m_max = last_row < 0 ? 0 : min(m_max, last_row / kBlockM + 1);
+  }
+
+  Tensor sQ = make_tensor(make_smem_ptr(smem_q), typename T::SmemLayoutQ{});
+  Tensor sdO = make_tensor(make_smem_ptr(smem_do), typename T::SmemLayoutQ{});
+  Tensor sK = make_tensor(make_smem_ptr(smem_k), typename T::SmemLayoutK{});
+  Tensor sV = make_tensor(make_smem_ptr(smem_v), typename T::SmemLayoutK{});
+  Tensor sQt = make_tensor(make_smem_ptr(smem_q), typename T::SmemLayoutQt{});
+  Tensor sdOt = make_tensor(make_smem_ptr(smem_do), typename T::SmemLayoutQt{});
+  Tensor sKt = make_tensor(make_smem_ptr(smem_k), typename T::SmemLayoutKt{});
+  Tensor sdS = make_tensor(make_smem_ptr(smem_ds), typename T::SmemLayoutdS{});
+
+  auto kv_tile = [&](auto* base, int64_t batch_stride, int64_t row_stride, int64_t head_stride) {
+    auto* ptr = base + batch * batch_stride + seq.k_start * row_stride + head_k * head_stride;
+    return local_tile(make_tensor(make_gmem_ptr(ptr), make_shape(seqlen_k, Int<kD>{}), make_stride(row_stride, _1{})),
+                      Shape<Int<kBlockN>, Int<kD>>{}, make_coord(n_block, 0));
+  };
+  typename T::GmemLoad load;
+  auto load_thr = load.get_thread_slice(tidx);
+  Tensor cKV = make_identity_tensor(Shape<Int<kBlockN>, Int<kD>>{});
+  Tensor tKVcKV = load_thr.partition_D(cKV);
+  copy_zfill(load, load_thr.partition_S(kv_tile(static_cast<const Element*>(p.k), p.k_batch_stride, p.k_row_stride,
+                                                p.k_head_stride)),
+             load_thr.partition_D(sK), tKVcKV, seqlen_k - col0, kD);
+  copy_zfill(load, load_thr.partition_S(kv_tile(static_cast<const Element*>(p.v), p.v_batch_stride, p.v_row_stride,
+                                                p.v_head_stride)),
+             load_thr.partition_D(sV), tKVcKV, seqlen_k - col0, kD);
+  cp_async_fence();
+
+  typename T::MmaSdP mma_sdp;
+  typename T::MmadKV mma_dkv;
+  typename T::MmadQ mma_dq;
+  auto thr_sdp = mma_sdp.get_thread_slice(tidx);
+  auto thr_dkv = mma_dkv.get_thread_slice(tidx);
+  auto thr_dq = mma_dq.get_thread_slice(tidx);
+  Tensor tSrK = thr_sdp.partition_fragment_A(sK);  // smem descriptors
+  Tensor tSrV = thr_sdp.partition_fragment_A(sV);
+  Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);
+  Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);
+  Tensor acc_dk = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kD>>{});
+  Tensor acc_dv = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kD>>{});
+  clear(acc_dk);
+  clear(acc_dv);
+  // Each S^T element's (key, query) within the tile.
+  Tensor cS = thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
+  Tensor tdSsdSt = thr_sdp.partition_C(make_tensor(make_smem_ptr(smem_ds), typename T::SmemLayoutdSt{}));
+
+  Tensor cQ = make_identity_tensor(Shape<Int<kBlockM>, Int<kD>>{});
+  Tensor tQcQ = load_thr.partition_D(cQ);
+  Tensor tQsQ = load_thr.partition_D(sQ);  // (CPY, CPY_M, CPY_K, stage)
+  Tensor tdOsdO = load_thr.partition_D(sdO);
+
+  for (int g = 0; g < group; ++g) {
+    const int head = head_k * group + g;
+    auto q_tiles = [&](const void* ptr, int64_t batch_stride, int64_t row_stride, int64_t head_stride) {
+      auto* base = static_cast<const Element*>(ptr) + batch * batch_stride + seq.q_start * row_stride +
+                   head * head_stride;
+      return local_tile(make_tensor(make_gmem_ptr(base), make_shape(seqlen_q, Int<kD>{}), make_stride(row_stride, _1{})),
+                        Shape<Int<kBlockM>, Int<kD>>{}, make_coord(_, 0));  // (BM, D, m)
+    };
+    Tensor tQgQ = load_thr.partition_S(q_tiles(p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride));
+    Tensor tdOgdO = load_thr.partition_S(q_tiles(p.dout, p.do_batch_stride, p.do_row_stride, p.do_head_stride));
+    const int64_t acc0 = acc_row0(p, T::kVarlen, batch, head, seq.q_start);
+
+    auto load_q_do = [&](int m, int stage) {
+      copy_zfill(load, tQgQ(_, _, _, m), tQsQ(_, _, _, stage), tQcQ, seqlen_q - m * kBlockM, kD);
+      copy_zfill(load, tdOgdO(_, _, _, m), tdOsdO(_, _, _, stage), tQcQ, seqlen_q - m * kBlockM, kD);
+    };
+    if (m_min < m_max) load_q_do(m_min, 0);
+    cp_async_fence();
+
+    for (int m = m_min, it = 0; m < m_max; ++m, ++it) {
+      const int row0 = m * kBlockM, stage = it % T::kStages;
+      // The other buffer was last read in the previous step, which ended with every wgmma waited for and a barrier.
+      if (m + 1 < m_max) load_q_do(m + 1, (it + 1) % T::kStages);
+      cp_async_fence();  // always commit, so the wait below counts uniformly
+      if (tidx < kBlockM) {  // the buffers are padded to whole tiles: lse +inf and dsum 0 past seqlen_q
+        smem_lse[tidx] = p.lse_log2[acc0 + row0 + tidx];
+        smem_dsum[tidx] = p.dsum[acc0 + row0 + tidx];
+      }
+      cp_async_wait<1>();  // this step's Q and dO (and, in the first step, K and V) have landed
+      fence_smem_for_async_proxy();  // cp.async wrote them through the generic proxy; wgmma reads them
+      __syncthreads();
+      Tensor tSrQ = thr_sdp.partition_fragment_B(sQ(_, _, stage));
+      Tensor tSrdO = thr_sdp.partition_fragment_B(sdO(_, _, stage));
+      Tensor tdVrdOt = thr_dkv.partition_fragment_B(sdOt(_, _, stage));
+      Tensor tdKrQt = thr_dkv.partition_fragment_B(sQt(_, _, stage));
+
+      Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
+      Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
+      wgmma_issue<true>(mma_sdp, tSrK, tSrQ, acc_s);
+      wgmma_issue<true>(mma_sdp, tSrV, tSrdO, acc_dp);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(acc_s);
+      warpgroup_fence_operand(acc_dp);
+
+      // P^T and dS^T in place; a hidden (query, key) pair gives P = 0. Coordinates as offsets from the thread's
+      // first element fold into constants (attn_mask.cuh does the same).
+      const int key0 = get<0>(cS(0)), q0 = get<1>(cS(0));
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_s); ++i) {
+        const int key = col0 + key0 + (get<0>(cS(i)) - key0), q = q0 + (get<1>(cS(i)) - q0);
+        const int rel = key - (row0 + q + diag);  // key offset from the query's diagonal
+        bool visible = key < seqlen_k;
+        if constexpr (MaskBounds<T::kMask>::kRight) visible &= rel <= p.window_right;
+        if constexpr (MaskBounds<T::kMask>::kLeft) visible &= rel >= -p.window_left;
+        const float pt = visible ? fast_exp2(acc_s(i) * p.scale_log2 - smem_lse[q]) : 0.f;
+        acc_s(i) = pt;
+        acc_dp(i) = pt * (acc_dp(i) - smem_dsum[q]);
+      }
+      Tensor pt_frag = make_tensor<Element>(acc_s.layout());
+      Tensor dst_frag = make_tensor<Element>(acc_dp.layout());
+      convert_pairs(acc_s, pt_frag);
+      convert_pairs(acc_dp, dst_frag);
+      copy(dst_frag, tdSsdSt);
+      fence_smem_for_async_proxy();  // the generic-proxy dS stores, before wgmma reads them
+      Tensor tdVrPt = make_tensor(pt_frag.data(), gmma_acc_as_a(pt_frag.layout()));
+      Tensor tdKrdSt = make_tensor(dst_frag.data(), gmma_acc_as_a(dst_frag.layout()));
+      warpgroup_fence_operand(tdVrPt);
+      wgmma_issue<false>(mma_dkv, tdVrPt, tdVrdOt, acc_dv);
+      warpgroup_fence_operand(tdKrdSt);
+      wgmma_issue<false>(mma_dkv, tdKrdSt, tdKrQt, acc_dk);
+      if constexpr (!T::kOverlapDkvDq) warpgroup_wait<0>();
+      __syncthreads();  // dS complete
+
+      Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kD>>{});
+      wgmma_issue<true>(mma_dq, tdQrdS, tdQrKt, acc_dq);
+      warpgroup_wait<0>();  // with the overlap, the dK/dV wgmmas too: they have read their registers and Q/dO
+      warpgroup_fence_operand(tdVrPt);
+      warpgroup_fence_operand(tdKrdSt);
+      warpgroup_fence_operand(acc_dv);
+      warpgroup_fence_operand(acc_dk);
+      warpgroup_fence_operand(acc_dq);
+      Tensor gdQ = make_tensor(make_gmem_ptr(p.dq_accum + (acc0 + row0) * kD), Shape<Int<kBlockM>, Int<kD>>{},
+                               Stride<Int<kD>, _1>{});
+      add_dq<T::kDeterministic, MaskBounds<T::kMask>::kLeft, kBlockN>(p, thr_dq.partition_C(gdQ), acc_dq, acc0 + row0,
+                                                                      n_block, row0 + diag);
+      __syncthreads();  // every warpgroup is done with Q, dO and dS before the next tile overwrites them
+    }
+  }
+
+  // Epilogue: dK scaled, dK and dV staged through the K/V buffers and stored with 16-byte vectors.
+  cp_async_wait<0>();
+  __syncthreads();
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= p.softmax_scale;
+  Tensor dk_out = make_tensor<Element>(acc_dk.layout());
+  Tensor dv_out = make_tensor<Element>(acc_dv.layout());
+  convert_pairs(acc_dk, dk_out);
+  convert_pairs(acc_dv, dv_out);
+  copy(dk_out, thr_dkv.partition_C(sK));
+  copy(dv_out, thr_dkv.partition_C(sV));
+  __syncthreads();
+  typename T::GmemStore store;
+  auto store_thr = store.get_thread_slice(tidx);
+  Tensor tKVcKV_st = store_thr.partition_D(cKV);
+  copy_predicated(store, store_thr.partition_S(sK),
+                  store_thr.partition_D(kv_tile(static_cast<Element*>(p.dk), p.dk_batch_stride, p.dk_row_stride,
+                                                p.dk_head_stride)),
+                  tKVcKV_st, seqlen_k - col0, kD);
+  copy_predicated(store, store_thr.partition_S(sV),
+                  store_thr.partition_D(kv_tile(static_cast<Element*>(p.dv), p.dv_batch_stride, p.dv_row_stride,
+                                                p.dv_head_stride)),
+                  tKVcKV_st, seqlen_k - col0, kD);
+}
+
+}  // namespace flash_gen
