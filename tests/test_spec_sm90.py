@@ -92,9 +92,26 @@ def test_cli_compile_accepts_hopper_config_names():
     assert [(k.arch, c.name) for k, c in cli._variants(args)] == [("sm90", "wgm128n128s2p")]  # sm80: infeasible
 
 
+def test_hopper_backward_is_the_sm90_default_where_it_fits():
+    """bwd_tilings.default_config: the Hopper backward for sm90 head dims 64 and 128 without softcap or ALiBi
+    (packed batches and deterministic dQ at 64 only), the portable backward everywhere else."""
+    from flash_gen import bwd_tilings, spec, spec_bwd
+    from flash_gen.spec_bwd import BwdKey
+    from flash_gen.spec_bwd_sm90 import Sm90BwdConfig
+
+    hopper = [BwdKey("sm90", dt, hd, m) for dt in ("bf16", "fp16") for hd in (64, 128) for m in spec.MASKS]
+    hopper += [BwdKey("sm90", "bf16", 64, "causal", varlen=True), BwdKey("sm90", "bf16", 64, "none", deterministic=True)]
+    portable = [BwdKey("sm80", "bf16", 128, "none"), BwdKey("sm100", "bf16", 64, "causal"),
+                BwdKey("sm90", "bf16", 96, "none"), BwdKey("sm90", "bf16", 256, "causal"),
+                BwdKey("sm90", "bf16", 128, "causal", varlen=True), BwdKey("sm90", "bf16", 128, "none", deterministic=True),
+                BwdKey("sm90", "bf16", 64, "none", softcap=True), BwdKey("sm90", "bf16", 64, "none", alibi=True)]
+    assert all(bwd_tilings.default_config(k) == Sm90BwdConfig() for k in hopper)
+    assert all(bwd_tilings.default_config(k) == spec_bwd.default_bwd_config(k) for k in portable)
+
+
 def test_hopper_backward_compiles_on_wgmma(tmp_path, monkeypatch):
-    """The work-in-progress Hopper backward (reached only through a forced tiling): five wgmma GEMMs, S^T and dP^T
-    from shared memory, dK/dV with P^T and dS^T from registers, no serialised wgmmas, no spills at head dim 64."""
+    """The Hopper backward: five wgmma GEMMs, S^T and dP^T from shared memory, dK/dV with P^T and dS^T from
+    registers, no serialised wgmmas, no spills at head dim 64."""
     from flash_gen.spec_bwd import BwdKey
     from flash_gen.spec_bwd_sm90 import Sm90BwdConfig, sm90_bwd_infeasible_reason
 
