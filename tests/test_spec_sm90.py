@@ -100,10 +100,12 @@ def test_hopper_backward_is_the_sm90_default_where_it_fits():
     from flash_gen.spec_bwd_sm90 import Sm90BwdConfig
 
     hopper = [BwdKey("sm90", dt, hd, m) for dt in ("bf16", "fp16") for hd in (64, 128) for m in spec.MASKS]
-    hopper += [BwdKey("sm90", "bf16", 64, "causal", varlen=True), BwdKey("sm90", "bf16", 64, "none", deterministic=True)]
+    hopper += [BwdKey("sm90", "bf16", 64, "causal", varlen=True),
+               BwdKey("sm90", "bf16", 64, "none", deterministic=True)]
     portable = [BwdKey("sm80", "bf16", 128, "none"), BwdKey("sm100", "bf16", 64, "causal"),
                 BwdKey("sm90", "bf16", 96, "none"), BwdKey("sm90", "bf16", 256, "causal"),
-                BwdKey("sm90", "bf16", 128, "causal", varlen=True), BwdKey("sm90", "bf16", 128, "none", deterministic=True),
+                BwdKey("sm90", "bf16", 128, "causal", varlen=True),
+                BwdKey("sm90", "bf16", 128, "none", deterministic=True),
                 BwdKey("sm90", "bf16", 64, "none", softcap=True), BwdKey("sm90", "bf16", 64, "none", alibi=True)]
     assert all(bwd_tilings.default_config(k) == Sm90BwdConfig() for k in hopper)
     assert all(bwd_tilings.default_config(k) == spec_bwd.default_bwd_config(k) for k in portable)
