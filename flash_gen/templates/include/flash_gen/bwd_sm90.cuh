@@ -13,6 +13,7 @@
 // 64 only: at 128 they spill).
 #pragma once
 #include "flash_gen/bwd_dq.cuh"
+#include "flash_gen/bwd_key_tile.cuh"
 #include "flash_gen/bwd_params.cuh"
 #include "flash_gen/fwd_sm90.cuh"  // wgmma_issue, gmma_rowcol, gmma_acc_as_a
 
@@ -85,24 +86,13 @@ __device__ __forceinline__ void bwd_sm90_kernel(BwdParams const& p) {
 
   const int tidx = threadIdx.x;
   const int head_k = blockIdx.y;
-  int n_block = blockIdx.x, batch = blockIdx.z;
-  if constexpr (T::kVarlen) {  // the grid's x runs over every entry's key tiles
-    const int2 tile = varlen_tile(p.cu_seqlens_k, p.batch, p.seqlen_k, n_block,
-                                  [](int len) { return (len + kBlockN - 1) / kBlockN; });
-    if (tile.x < 0) return;
-    batch = tile.x;
-    n_block = tile.y;
-  }
-  const SeqInfo seq = seq_info<T::kVarlen>(p, batch);
-  const int seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k, diag = seqlen_k - seqlen_q;
+  BwdKeyTile tile;
+  if (!bwd_key_tile<T::kVarlen, T::kMask, kBlockM, kBlockN>(p, tile)) return;
+  const int batch = tile.batch, n_block = tile.n_block, diag = tile.diag, m_min = tile.m_min, m_max = tile.m_max;
+  const SeqInfo& seq = tile.seq;
+  const int seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k;
   const int group = p.nheads / p.nheads_k;
   const int col0 = n_block * kBlockN;
-  int m_min = 0, m_max = (seqlen_q + kBlockM - 1) / kBlockM;
-  if constexpr (MaskBounds<T::kMask>::kRight) m_min = max(0, col0 - diag - p.window_right) / kBlockM;
-  if constexpr (MaskBounds<T::kMask>::kLeft) {
-    const int last_row = col0 + kBlockN - 1 - diag + p.window_left;
-    m_max = last_row < 0 ? 0 : min(m_max, last_row / kBlockM + 1);
-  }
 
   Tensor sQ = make_tensor(make_smem_ptr(smem_q), typename T::SmemLayoutQ{});
   Tensor sdO = make_tensor(make_smem_ptr(smem_do), typename T::SmemLayoutQ{});
@@ -114,9 +104,7 @@ __device__ __forceinline__ void bwd_sm90_kernel(BwdParams const& p) {
   Tensor sdS = make_tensor(make_smem_ptr(smem_ds), typename T::SmemLayoutdS{});
 
   auto kv_tile = [&](auto* base, int64_t batch_stride, int64_t row_stride, int64_t head_stride) {
-    auto* ptr = base + batch * batch_stride + seq.k_start * row_stride + head_k * head_stride;
-    return local_tile(make_tensor(make_gmem_ptr(ptr), make_shape(seqlen_k, Int<kD>{}), make_stride(row_stride, _1{})),
-                      Shape<Int<kBlockN>, Int<kD>>{}, make_coord(n_block, 0));
+    return tile.kv<kBlockN, kD>(base, batch_stride, row_stride, head_stride, head_k);
   };
   typename T::GmemLoad load;
   auto load_thr = load.get_thread_slice(tidx);
