@@ -93,21 +93,23 @@ def test_cli_compile_accepts_hopper_config_names():
 
 
 def test_hopper_backward_is_the_sm90_default_where_it_fits():
-    """bwd_tilings.default_config: the Hopper backward for sm90 head dims 64 and 128 without softcap or ALiBi
-    (packed batches and deterministic dQ at 64 only), the portable backward everywhere else."""
+    """bwd_tilings.default_config: the Hopper backward for sm90 head dims 64, 128 and 256 without softcap or ALiBi
+    (packed batches and deterministic dQ at 64 only; 256 splits the head dim over 64-key tiles), the portable
+    backward everywhere else."""
     from flash_gen import bwd_tilings, spec, spec_bwd
     from flash_gen.spec_bwd import BwdKey
-    from flash_gen.spec_bwd_sm90 import Sm90BwdConfig
+    from flash_gen.spec_bwd_sm90 import default_sm90_bwd_config
 
-    hopper = [BwdKey("sm90", dt, hd, m) for dt in ("bf16", "fp16") for hd in (64, 128) for m in spec.MASKS]
+    hopper = [BwdKey("sm90", dt, hd, m) for dt in ("bf16", "fp16") for hd in (64, 128, 256) for m in spec.MASKS]
     hopper += [BwdKey("sm90", "bf16", 64, "causal", varlen=True),
                BwdKey("sm90", "bf16", 64, "none", deterministic=True)]
     portable = [BwdKey("sm80", "bf16", 128, "none"), BwdKey("sm100", "bf16", 64, "causal"),
-                BwdKey("sm90", "bf16", 96, "none"), BwdKey("sm90", "bf16", 256, "causal"),
+                BwdKey("sm90", "bf16", 96, "none"), BwdKey("sm90", "bf16", 192, "causal"),
                 BwdKey("sm90", "bf16", 128, "causal", varlen=True),
                 BwdKey("sm90", "bf16", 128, "none", deterministic=True),
                 BwdKey("sm90", "bf16", 64, "none", softcap=True), BwdKey("sm90", "bf16", 64, "none", alibi=True)]
-    assert all(bwd_tilings.default_config(k) == Sm90BwdConfig() for k in hopper)
+    assert all(bwd_tilings.default_config(k) == default_sm90_bwd_config(k) for k in hopper)
+    assert {default_sm90_bwd_config(k).name for k in hopper} == {"wgbm64n128", "wgbm64n64"}
     assert all(bwd_tilings.default_config(k) == spec_bwd.default_bwd_config(k) for k in portable)
 
 
