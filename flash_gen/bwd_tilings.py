@@ -17,7 +17,7 @@ BwdTiling = Union[BwdConfig, Sm90BwdConfig]
 def default_config(key: BwdKey) -> BwdTiling:
     """The Hopper kernel where it supports `key` (1.2x the portable kernel's fwd+bwd at head dim 128 on the H200,
     docs/benchmarks.md), else the portable kernel's default."""
-    hopper = Sm90BwdConfig()
+    hopper = spec_bwd_sm90.default_sm90_bwd_config(key)
     return hopper if spec_bwd_sm90.sm90_bwd_infeasible_reason(key, hopper) is None else spec_bwd.default_bwd_config(key)
 
 

@@ -30,7 +30,17 @@ class Sm90BwdConfig:
 
 # The tuner's axes where this kernel is the default (flash_gen.search.space): one point while the kernel fixes its
 # tiles; stages, block_n and the producer scheme join here as the template learns them.
-SM90_BWD_CONFIG_SPACE = {"block_m": (64,), "block_n": (128,)}
+SM90_BWD_CONFIG_SPACE = {"block_m": (64,), "block_n": (64, 128)}
+
+
+def split_head_dim(key: BwdKey) -> bool:
+    """Whether the warpgroups split the head dim (head dim 256: 64 keys per CTA, docs/hopper_backward.md) rather
+    than the keys (64 each of 128)."""
+    return key.head_dim > 128
+
+
+def default_sm90_bwd_config(key: BwdKey) -> Sm90BwdConfig:
+    return Sm90BwdConfig(64, 64 if split_head_dim(key) else 128)
 
 
 def sm90_bwd_config_from_name(name: str) -> Sm90BwdConfig | None:
@@ -40,10 +50,11 @@ def sm90_bwd_config_from_name(name: str) -> Sm90BwdConfig | None:
 
 
 def sm90_bwd_smem_bytes(key: BwdKey, cfg: Sm90BwdConfig) -> int:
-    """Q, dO (two buffers each), K, V and dS tiles (2-byte elements), the tile's lse and rowsum(dO*O), and the two
-    buffers' mbarriers."""
-    d = key.head_dim
-    return 2 * (4 * cfg.block_m * d + 2 * cfg.block_n * d + cfg.block_m * cfg.block_n) + 2 * 4 * cfg.block_m + 2 * 8
+    """Q, dO (two buffers each), K, V and dS tiles (2-byte elements), the tile's lse and rowsum(dO*O), when the
+    head dim is split P^T in 2- and 4-byte elements, then the two buffers' mbarriers."""
+    d, tile = key.head_dim, cfg.block_m * cfg.block_n
+    split = 6 * tile if split_head_dim(key) else 0
+    return 2 * (4 * cfg.block_m * d + 2 * cfg.block_n * d + tile) + 2 * 4 * cfg.block_m + split + 2 * 8
 
 
 def sm90_bwd_infeasible_reason(key: BwdKey, cfg: Sm90BwdConfig) -> str | None:
@@ -55,12 +66,12 @@ def sm90_bwd_infeasible_reason(key: BwdKey, cfg: Sm90BwdConfig) -> str | None:
         return f"not supported yet: {', '.join(unsupported)}"
     if key.varlen and key.deterministic and key.head_dim > 64:  # 255 registers, 24 B of spills (NVRTC 13.0)
         return "registers: packed batches with deterministic dQ spill above head dim 64"
-    if cfg.block_n != 128:
-        return "block_n 128 only so far"
+    if cfg.block_n != (64 if split_head_dim(key) else 128):
+        return "block_n: 64 when the warpgroups split the head dim (256), else 128"
     if cfg.block_m != 64:  # 128 at hdim 64 compiles (the template takes it) but spills 388 B (NVRTC 13.0)
         return "block_m 64 only so far: 128-query steps spill"
-    if key.head_dim % 64 or key.head_dim > 128:
-        return f"head_dim {key.head_dim}: 64 or 128 only so far (dK and dV accumulate in registers)"
+    if key.head_dim not in (64, 128, 256):  # 192 would split into 96-column halves: no 128-byte swizzled operand
+        return f"head_dim {key.head_dim}: 64, 128 or 256 only so far"
     if sm90_bwd_smem_bytes(key, cfg) > MAX_SMEM_PER_BLOCK[key.arch]:
         return "shared memory"
     return None

@@ -141,7 +141,8 @@ def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvca
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", default="sm90")
-    parser.add_argument("--out", type=Path, default=ROOT / ".kernels")
+    # FLASH_GEN_CACHE_DIR when set, so a second tree (a branch's git archive) fills the same folder.
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("FLASH_GEN_CACHE_DIR", ROOT / ".kernels")))
     parser.add_argument("--suites", default="fwd,bwd,varlen,kvcache,bench,sm90",
                         help="comma list of fwd, bwd, varlen, kvcache, bench, sm90 (Hopper kernel), decode (tiling "
                         "sweep)")

@@ -92,9 +92,30 @@ def test_cli_compile_accepts_hopper_config_names():
     assert [(k.arch, c.name) for k, c in cli._variants(args)] == [("sm90", "wgm128n128s2p")]  # sm80: infeasible
 
 
+def test_hopper_backward_is_the_sm90_default_where_it_fits():
+    """bwd_tilings.default_config: the Hopper backward for sm90 head dims 64, 128 and 256 without softcap or ALiBi
+    (packed batches with deterministic dQ together at 64 only; 256 splits the head dim over 64-key tiles), the
+    portable backward everywhere else."""
+    from flash_gen import bwd_tilings, spec, spec_bwd
+    from flash_gen.spec_bwd import BwdKey
+    from flash_gen.spec_bwd_sm90 import default_sm90_bwd_config
+
+    hopper = [BwdKey("sm90", dt, hd, m) for dt in ("bf16", "fp16") for hd in (64, 128, 256) for m in spec.MASKS]
+    hopper += [BwdKey("sm90", "bf16", hd, "causal", varlen=True) for hd in (64, 128, 256)]
+    hopper += [BwdKey("sm90", "bf16", hd, "none", deterministic=True) for hd in (64, 128, 256)]
+    hopper += [BwdKey("sm90", "bf16", 64, "local", varlen=True, deterministic=True)]
+    portable = [BwdKey("sm80", "bf16", 128, "none"), BwdKey("sm100", "bf16", 64, "causal"),
+                BwdKey("sm90", "bf16", 96, "none"), BwdKey("sm90", "bf16", 192, "causal"),
+                BwdKey("sm90", "bf16", 128, "causal", varlen=True, deterministic=True),
+                BwdKey("sm90", "bf16", 64, "none", softcap=True), BwdKey("sm90", "bf16", 64, "none", alibi=True)]
+    assert all(bwd_tilings.default_config(k) == default_sm90_bwd_config(k) for k in hopper)
+    assert {default_sm90_bwd_config(k).name for k in hopper} == {"wgbm64n128", "wgbm64n64"}
+    assert all(bwd_tilings.default_config(k) == spec_bwd.default_bwd_config(k) for k in portable)
+
+
 def test_hopper_backward_compiles_on_wgmma(tmp_path, monkeypatch):
-    """The work-in-progress Hopper backward (reached only through a forced tiling): five wgmma GEMMs, S^T and dP^T
-    from shared memory, dK/dV with P^T and dS^T from registers, no serialised wgmmas, no spills at head dim 64."""
+    """The Hopper backward: five wgmma GEMMs, S^T and dP^T from shared memory, dK/dV with P^T and dS^T from
+    registers, no serialised wgmmas, no spills at head dim 64."""
     from flash_gen.spec_bwd import BwdKey
     from flash_gen.spec_bwd_sm90 import Sm90BwdConfig, sm90_bwd_infeasible_reason
 

@@ -303,7 +303,7 @@ def attention_fwd_kvcache(
     p.o_partial, p.lse_partial = o_partial.data_ptr(), lse_partial.data_ptr()
     var.kernel.launch((m_blocks, tile_heads, batch * splits), var.block, var.smem, stream, p)
     combine = _combine_kernel(device, dtype)
-    combine.launch((-(-seqlen_q // _COMBINE_ROWS), nheads, batch), (_COMBINE_THREADS, 1, 1), 0, stream, p)
+    combine.launch((seqlen_q, nheads, batch), (_COMBINE_THREADS, 1, 1), 0, stream, p)
     return out, lse
 
 
@@ -317,7 +317,7 @@ def _decode_tiling(device: int, dtype: str, head_dim: int, mask: str, softcap: b
     return cfg, driver.sm_count(device) * ctas_per_sm(key, cfg)
 
 
-_COMBINE_THREADS, _COMBINE_ROWS = 128, 4  # kCombineThreads, kCombineRows in templates/include/flash_gen/fwd_combine.cuh
+_COMBINE_THREADS = 256  # kCombineThreads in templates/include/flash_gen/fwd_combine.cuh (one CTA per query row)
 _MAX_SPLITS = 128
 
 

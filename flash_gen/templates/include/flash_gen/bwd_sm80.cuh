@@ -10,6 +10,7 @@
 #pragma once
 #include "flash_gen/attn_mask.cuh"
 #include "flash_gen/bwd_dq.cuh"
+#include "flash_gen/bwd_key_tile.cuh"
 #include "flash_gen/bwd_params.cuh"
 #include "flash_gen/seq_info.cuh"
 #include "flash_gen/sm80_ldsm.cuh"
@@ -72,33 +73,15 @@ __device__ __forceinline__ void bwd_kernel(BwdParams const& p) {
 
   const int tidx = threadIdx.x;
   const int head_k = blockIdx.y;
-  int n_block = blockIdx.x, batch = blockIdx.z;
-  if constexpr (T::kVarlen) {  // the grid's x runs over every entry's key tiles
-    const int2 tile = varlen_tile(p.cu_seqlens_k, p.batch, p.seqlen_k, n_block,
-                                  [](int len) { return (len + kBlockN - 1) / kBlockN; });
-    if (tile.x < 0) return;
-    batch = tile.x;
-    n_block = tile.y;
-  }
-  const SeqInfo seq = seq_info<T::kVarlen>(p, batch);
+  BwdKeyTile tile;
+  if (!bwd_key_tile<T::kVarlen, T::kMask, kBlockM, kBlockN>(p, tile)) return;
+  const int batch = tile.batch, n_block = tile.n_block, diag = tile.diag, m_min = tile.m_min, m_max = tile.m_max;
+  const SeqInfo& seq = tile.seq;
   const int seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k;
   const int group = p.nheads / p.nheads_k;
-  const int diag = seqlen_k - seqlen_q;  // bottom-right alignment of causal/local masks
   const int col0 = n_block * kBlockN;
-
-  // Query tiles [m_min, m_max) holding a row that sees a key of this tile (query i sees key j iff
-  // i + diag - window_left <= j <= i + diag + window_right).
-  int m_min = 0, m_max = (seqlen_q + kBlockM - 1) / kBlockM;
-  if constexpr (MaskBounds<T::kMask>::kRight) m_min = max(0, col0 - diag - p.window_right) / kBlockM;
-  if constexpr (kLeftBound) {
-    const int last_row = col0 + kBlockN - 1 - diag + p.window_left;
-    m_max = last_row < 0 ? 0 : min(m_max, last_row / kBlockM + 1);
-  }
-
   auto kv_tile = [&](auto* base, int64_t batch_stride, int64_t row_stride, int64_t head_stride) {
-    auto* ptr = base + batch * batch_stride + seq.k_start * row_stride + head_k * head_stride;
-    return local_tile(make_tensor(make_gmem_ptr(ptr), make_shape(seqlen_k, Int<kD>{}), make_stride(row_stride, _1{})),
-                      Shape<Int<kBlockN>, Int<kD>>{}, make_coord(n_block, 0));
+    return tile.kv<kBlockN, kD>(base, batch_stride, row_stride, head_stride, head_k);
   };
   Tensor gK = kv_tile(static_cast<const Element*>(p.k), p.k_batch_stride, p.k_row_stride, p.k_head_stride);
   Tensor gV = kv_tile(static_cast<const Element*>(p.v), p.v_batch_stride, p.v_row_stride, p.v_head_stride);

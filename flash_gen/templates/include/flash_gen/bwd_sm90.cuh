@@ -9,22 +9,29 @@
 // with its parameters (BwdParams, after TMA maps of q and dout), preprocess and dQ conversion. One thread loads the
 // next query tile's Q and dO by TMA into the other of two buffers while this one computes (completing on that
 // buffer's mbarrier); K and V arrive once by cp.async; a barrier ends each query tile. Warp specialisation (a
-// producer warp, no block-wide barriers) is the next step. Head dims 64 and 128, masks without softcap or ALiBi,
-// dense or packed ragged batches, dQ additions in a fixed order when deterministic (bwd_dq.cuh).
+// producer warp, no block-wide barriers) is the next step. Head dims 64, 128 and 256 (the warpgroups splitting the
+// head dim, below), masks without softcap or ALiBi, dense or packed ragged batches, dQ additions in a fixed order
+// when deterministic (bwd_dq.cuh).
 #pragma once
 #include "flash_gen/bwd_dq.cuh"
+#include "flash_gen/bwd_key_tile.cuh"
 #include "flash_gen/bwd_params.cuh"
 #include "flash_gen/bwd_sm90_params.cuh"
 #include "flash_gen/fwd_sm90.cuh"  // wgmma_issue, gmma_rowcol, gmma_acc_as_a
 
 namespace flash_gen {
 
-template <class Element_, int kHeadDim_, int kBlockM_, Mask kMask_, bool kVarlen_, bool kDeterministic_>
+template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, Mask kMask_, bool kVarlen_, bool kDeterministic_>
 struct Sm90BwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;  // queries per step: the N of S^T, the M of dQ
-  static constexpr int kBlockN = 128;  // keys per CTA: 64 per warpgroup
+  // Head dim 256 (docs/hopper_backward.md): 64 x 256 of dK and dV do not fit one warpgroup's registers, so the
+  // warpgroups split the head dim: one CTA owns 64 keys, warpgroup 0 computes S^T and warpgroup 1 dP^T at the same
+  // time, P^T and dS^T pass through shared memory, and dV, dK and dQ are SS GEMMs over each warpgroup's half.
+  static constexpr bool kSplitHeadDim = kHeadDim_ > 128;
+  static constexpr int kBlockN = kBlockN_;  // keys per CTA: 64 per warpgroup, or (split) 64 shared
+  static_assert(kBlockN == (kSplitHeadDim ? 64 : 128));
   static constexpr int kNThreads = 256;
   static constexpr int kStages = 2;  // Q/dO buffers
   static constexpr Mask kMask = kMask_;
@@ -51,13 +58,22 @@ struct Sm90BwdTraits {
   using SmemLayoutdSt = decltype(composition(
       SmemLayoutdS{}, make_layout(Shape<Int<kBlockN>, Int<kBlockM>>{}, Stride<Int<kBlockM>, _1>{})));
 
+  // Split: P^T and dS^T (keys, queries) as K-major A operands of dV and dK; the same bytes as SmemLayoutdS.
+  using SmemLayoutPt =
+      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<Int<kBlockN>, Int<kBlockM>>{}));
+
+  // S^T and dP^T: each warpgroup 64 keys of its own (or, split, one warpgroup per GEMM over all 64 keys).
   using MmaSdP = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM>, Int<kHeadDim>>>(),
-      Layout<Shape<_2, _1, _1>>{}));
-  using MmadKV = decltype(make_tiled_mma(
-      GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockM>>, GMMA::Major::K,
-                           GMMA::Major::MN>(),
-      Layout<Shape<_2, _1, _1>>{}));
+      Layout<Shape<Int<kSplitHeadDim ? 1 : 2>, _1, _1>>{}));
+  using MmadKV = cute::conditional_t<
+      kSplitHeadDim,
+      decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim / 2>, Int<kBlockM>>,
+                                                   GMMA::Major::K, GMMA::Major::MN>(),
+                              Layout<Shape<_1, _2, _1>>{})),
+      decltype(make_tiled_mma(GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockM>>,
+                                                   GMMA::Major::K, GMMA::Major::MN>(),
+                              Layout<Shape<_2, _1, _1>>{}))>;
   // dQ: the tile's 64 queries x head dim, the warpgroups splitting the head dim.
   using MmadQ = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim / 2>, Int<kBlockN>>, GMMA::Major::MN,
@@ -68,9 +84,11 @@ struct Sm90BwdTraits {
   using GmemStore = typename GmemCopy<Element, kNThreads, kHeadDim>::Store;
   static constexpr int kBoxCols = 64;  // a TMA box row is one 128-byte swizzle row
   static constexpr uint32_t kStageTxBytes = 2 * kBlockM * kHeadDim * sizeof(Element);  // Q and dO tiles
+  // Split: P^T in bf16 (the dV operand) and fp32 (for warpgroup 1's dS^T), after the row statistics.
+  static constexpr int kSplitBytes = kSplitHeadDim ? kBlockN * kBlockM * (int(sizeof(Element)) + 4) : 0;
   static constexpr int kSmemBytes =
       int(sizeof(Element)) * (2 * kStages * kBlockM * kHeadDim + 2 * kBlockN * kHeadDim + kBlockM * kBlockN) +
-      2 * kBlockM * int(sizeof(float)) + kStages * int(sizeof(MBarrier));
+      2 * kBlockM * int(sizeof(float)) + kSplitBytes + kStages * int(sizeof(MBarrier));
 };
 
 template <class T>
@@ -86,28 +104,20 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   Element* smem_ds = smem_v + kBlockN * kD;
   float* smem_lse = reinterpret_cast<float*>(smem_ds + kBlockM * kBlockN);
   float* smem_dsum = smem_lse + kBlockM;
-  MBarrier* q_full = reinterpret_cast<MBarrier*>(smem_dsum + kBlockM);  // per Q/dO buffer
+  float* smem_pt_f32 = smem_dsum + kBlockM;  // split only: (fragment element, thread of the warpgroup)
+  Element* smem_pt = reinterpret_cast<Element*>(smem_pt_f32 + (T::kSplitHeadDim ? kBlockN * kBlockM : 0));
+  MBarrier* q_full =  // per Q/dO buffer
+      reinterpret_cast<MBarrier*>(smem_pt + (T::kSplitHeadDim ? kBlockN * kBlockM : 0));
 
   const int tidx = threadIdx.x;
   const int head_k = blockIdx.y;
-  int n_block = blockIdx.x, batch = blockIdx.z;
-  if constexpr (T::kVarlen) {  // the grid's x runs over every entry's key tiles
-    const int2 tile = varlen_tile(p.cu_seqlens_k, p.batch, p.seqlen_k, n_block,
-                                  [](int len) { return (len + kBlockN - 1) / kBlockN; });
-    if (tile.x < 0) return;
-    batch = tile.x;
-    n_block = tile.y;
-  }
-  const SeqInfo seq = seq_info<T::kVarlen>(p, batch);
-  const int seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k, diag = seqlen_k - seqlen_q;
+  BwdKeyTile tile;
+  if (!bwd_key_tile<T::kVarlen, T::kMask, kBlockM, kBlockN>(p, tile)) return;
+  const int batch = tile.batch, n_block = tile.n_block, diag = tile.diag, m_min = tile.m_min, m_max = tile.m_max;
+  const SeqInfo& seq = tile.seq;
+  const int seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k;
   const int group = p.nheads / p.nheads_k;
   const int col0 = n_block * kBlockN;
-  int m_min = 0, m_max = (seqlen_q + kBlockM - 1) / kBlockM;
-  if constexpr (MaskBounds<T::kMask>::kRight) m_min = max(0, col0 - diag - p.window_right) / kBlockM;
-  if constexpr (MaskBounds<T::kMask>::kLeft) {
-    const int last_row = col0 + kBlockN - 1 - diag + p.window_left;
-    m_max = last_row < 0 ? 0 : min(m_max, last_row / kBlockM + 1);
-  }
 
   if (tidx == 0) {
     prefetch_tensor_map(sp.tma_q);
@@ -129,9 +139,7 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   Tensor sdS = make_tensor(make_smem_ptr(smem_ds), typename T::SmemLayoutdS{});
 
   auto kv_tile = [&](auto* base, int64_t batch_stride, int64_t row_stride, int64_t head_stride) {
-    auto* ptr = base + batch * batch_stride + seq.k_start * row_stride + head_k * head_stride;
-    return local_tile(make_tensor(make_gmem_ptr(ptr), make_shape(seqlen_k, Int<kD>{}), make_stride(row_stride, _1{})),
-                      Shape<Int<kBlockN>, Int<kD>>{}, make_coord(n_block, 0));
+    return tile.kv<kBlockN, kD>(base, batch_stride, row_stride, head_stride, head_k);
   };
   typename T::GmemLoad load;
   auto load_thr = load.get_thread_slice(tidx);
@@ -148,7 +156,8 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   typename T::MmaSdP mma_sdp;
   typename T::MmadKV mma_dkv;
   typename T::MmadQ mma_dq;
-  auto thr_sdp = mma_sdp.get_thread_slice(tidx);
+  const int wg = tidx / 128;
+  auto thr_sdp = mma_sdp.get_thread_slice(T::kSplitHeadDim ? tidx % 128 : tidx);
   auto thr_dkv = mma_dkv.get_thread_slice(tidx);
   auto thr_dq = mma_dq.get_thread_slice(tidx);
   Tensor tSrK = thr_sdp.partition_fragment_A(sK);  // smem descriptors
@@ -162,6 +171,8 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   // Each S^T element's (key, query) within the tile.
   Tensor cS = thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
   Tensor tdSsdSt = thr_sdp.partition_C(make_tensor(make_smem_ptr(smem_ds), typename T::SmemLayoutdSt{}));
+  Tensor sPt = make_tensor(make_smem_ptr(smem_pt), typename T::SmemLayoutPt{});
+  Tensor sdSt = make_tensor(make_smem_ptr(smem_ds), typename T::SmemLayoutPt{});
 
   cp_async_wait<0>();  // K and V
   fence_smem_for_async_proxy();  // cp.async wrote them through the generic proxy; wgmma reads them
@@ -199,48 +210,88 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
       Tensor tdVrdOt = thr_dkv.partition_fragment_B(sdOt(_, _, stage));
       Tensor tdKrQt = thr_dkv.partition_fragment_B(sQt(_, _, stage));
 
-      Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
-      Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
-      wgmma_issue<true>(mma_sdp, tSrK, tSrQ, acc_s);
-      wgmma_issue<true>(mma_sdp, tSrV, tSrdO, acc_dp);
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(acc_s);
-      warpgroup_fence_operand(acc_dp);
-
-      // P^T and dS^T in place; a hidden (query, key) pair gives P = 0. Coordinates as offsets from the thread's
-      // first element fold into constants (attn_mask.cuh does the same).
-      const int key0 = get<0>(cS(0)), q0 = get<1>(cS(0));
-      CUTE_UNROLL
-      for (int i = 0; i < size(acc_s); ++i) {
-        const int key = col0 + key0 + (get<0>(cS(i)) - key0), q = q0 + (get<1>(cS(i)) - q0);
-        const int rel = key - (row0 + q + diag);  // key offset from the query's diagonal
-        bool visible = key < seqlen_k;
-        if constexpr (MaskBounds<T::kMask>::kRight) visible &= rel <= p.window_right;
-        if constexpr (MaskBounds<T::kMask>::kLeft) visible &= rel >= -p.window_left;
-        const float pt = visible ? fast_exp2(acc_s(i) * p.scale_log2 - smem_lse[q]) : 0.f;
-        acc_s(i) = pt;
-        acc_dp(i) = pt * (acc_dp(i) - smem_dsum[q]);
-      }
-      Tensor pt_frag = make_tensor<Element>(acc_s.layout());
-      Tensor dst_frag = make_tensor<Element>(acc_dp.layout());
-      convert_pairs(acc_s, pt_frag);
-      convert_pairs(acc_dp, dst_frag);
-      copy(dst_frag, tdSsdSt);
-      fence_smem_for_async_proxy();  // the generic-proxy dS stores, before wgmma reads them
+      // P^T in place of S^T (a hidden (query, key) pair gives P = 0), and, with_dp, dS^T in place of dP^T.
+      // Coordinates as offsets from the thread's first element fold into constants (attn_mask.cuh does the same).
+      auto softmax_grad = [&](auto& acc_s, auto& acc_dp, auto with_dp) {
+        const int key0 = get<0>(cS(0)), q0 = get<1>(cS(0));
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc_s); ++i) {
+          const int key = col0 + key0 + (get<0>(cS(i)) - key0), q = q0 + (get<1>(cS(i)) - q0);
+          const int rel = key - (row0 + q + diag);  // key offset from the query's diagonal
+          bool visible = key < seqlen_k;
+          if constexpr (MaskBounds<T::kMask>::kRight) visible &= rel <= p.window_right;
+          if constexpr (MaskBounds<T::kMask>::kLeft) visible &= rel >= -p.window_left;
+          const float pt = visible ? fast_exp2(acc_s(i) * p.scale_log2 - smem_lse[q]) : 0.f;
+          acc_s(i) = pt;
+          if constexpr (decltype(with_dp)::value) acc_dp(i) = pt * (acc_dp(i) - smem_dsum[q]);
+        }
+      };
+      // Unsplit: P^T and dS^T in bf16 registers, the A operands of dV and dK, live until those wgmmas are waited for.
+      Tensor pt_frag = make_tensor<Element>(partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{}).layout());
+      Tensor dst_frag = make_tensor<Element>(pt_frag.layout());
       Tensor tdVrPt = make_tensor(pt_frag.data(), gmma_acc_as_a(pt_frag.layout()));
       Tensor tdKrdSt = make_tensor(dst_frag.data(), gmma_acc_as_a(dst_frag.layout()));
-      warpgroup_fence_operand(tdVrPt);
-      wgmma_issue<false>(mma_dkv, tdVrPt, tdVrdOt, acc_dv);
-      warpgroup_fence_operand(tdKrdSt);
-      wgmma_issue<false>(mma_dkv, tdKrdSt, tdKrQt, acc_dk);
+      if constexpr (T::kSplitHeadDim) {
+        Tensor acc = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
+        if (wg == 0) {
+          wgmma_issue<true>(mma_sdp, tSrK, tSrQ, acc);
+        } else {
+          wgmma_issue<true>(mma_sdp, tSrV, tSrdO, acc);
+        }
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(acc);
+        Tensor frag = make_tensor<Element>(acc.layout());
+        if (wg == 0) {  // P^T: fp32 for warpgroup 1's dS^T (thread-interleaved: conflict-free), bf16 for dV
+          softmax_grad(acc, acc, cute::false_type{});
+          CUTE_UNROLL
+          for (int i = 0; i < size(acc); ++i) smem_pt_f32[i * 128 + tidx] = acc(i);
+          convert_pairs(acc, frag);
+          copy(frag, thr_sdp.partition_C(sPt));
+          fence_smem_for_async_proxy();
+        }
+        __syncthreads();  // P^T complete
+        if (wg == 1) {  // dS^T = P^T (dP^T - rowsum(dO * O)): the same fragment positions as warpgroup 0's
+          const int q0 = get<1>(cS(0));
+          CUTE_UNROLL
+          for (int i = 0; i < size(acc); ++i) {
+            const int q = q0 + (get<1>(cS(i)) - q0);
+            acc(i) = smem_pt_f32[i * 128 + tidx - 128] * (acc(i) - smem_dsum[q]);
+          }
+          convert_pairs(acc, frag);
+          copy(frag, thr_sdp.partition_C(sdSt));
+          fence_smem_for_async_proxy();
+        }
+        __syncthreads();  // dS^T complete
+        wgmma_issue<false>(mma_dkv, thr_dkv.partition_fragment_A(sPt), tdVrdOt, acc_dv);
+        wgmma_issue<false>(mma_dkv, thr_dkv.partition_fragment_A(sdSt), tdKrQt, acc_dk);
+      } else {
+        Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
+        Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
+        wgmma_issue<true>(mma_sdp, tSrK, tSrQ, acc_s);
+        wgmma_issue<true>(mma_sdp, tSrV, tSrdO, acc_dp);
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(acc_s);
+        warpgroup_fence_operand(acc_dp);
+        softmax_grad(acc_s, acc_dp, cute::true_type{});
+        convert_pairs(acc_s, pt_frag);
+        convert_pairs(acc_dp, dst_frag);
+        copy(dst_frag, tdSsdSt);
+        fence_smem_for_async_proxy();  // the generic-proxy dS stores, before wgmma reads them
+        warpgroup_fence_operand(tdVrPt);
+        wgmma_issue<false>(mma_dkv, tdVrPt, tdVrdOt, acc_dv);
+        warpgroup_fence_operand(tdKrdSt);
+        wgmma_issue<false>(mma_dkv, tdKrdSt, tdKrQt, acc_dk);
+      }
       if constexpr (!T::kOverlapDkvDq) warpgroup_wait<0>();
-      __syncthreads();  // dS complete
+      if constexpr (!T::kSplitHeadDim) __syncthreads();  // dS complete (split: since the barrier above)
 
       Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kD>>{});
       wgmma_issue<true>(mma_dq, tdQrdS, tdQrKt, acc_dq);
       warpgroup_wait<0>();  // with the overlap, the dK/dV wgmmas too: they have read their registers and Q/dO
-      warpgroup_fence_operand(tdVrPt);
-      warpgroup_fence_operand(tdKrdSt);
+      if constexpr (!T::kSplitHeadDim) {
+        warpgroup_fence_operand(tdVrPt);
+        warpgroup_fence_operand(tdKrdSt);
+      }
       warpgroup_fence_operand(acc_dv);
       warpgroup_fence_operand(acc_dk);
       warpgroup_fence_operand(acc_dq);

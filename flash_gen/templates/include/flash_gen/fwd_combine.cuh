@@ -2,29 +2,30 @@
 // lse. Split s holds O_s normalised over its own keys and lse_s (-inf when it saw none), so
 //   lse = log(sum_s exp(lse_s)),   O = sum_s exp(lse_s - lse) * O_s,
 // with the largest lse_s subtracted first for range. Takes the head dim at run time (one compile per dtype
-// serves every head dim) and includes no CuTe. One warp per query row; lane i owns head-dim elements
-// [8i, 8i + 8).
+// serves every head dim) and includes no CuTe. One CTA per query row: decoding has few rows and many splits,
+// so the warps share out the splits (warp w sums splits w, w + kCombineWarps, ...) and their sums meet in
+// shared memory; lane i owns head-dim elements [8i, 8i + 8).
 #pragma once
 #include "flash_gen/fwd_params.cuh"
 #include "flash_gen/half_bits.cuh"
 
 namespace flash_gen {
 
-constexpr int kCombineThreads = 128;
-constexpr int kCombineRows = kCombineThreads / 32;  // grid = (ceil(seqlen_q / kCombineRows), nheads, batch)
+constexpr int kCombineThreads = 256;
+constexpr int kCombineWarps = kCombineThreads / 32;  // grid = (seqlen_q, nheads, batch)
+constexpr int kCombineMaxHeadDim = 32 * 8;
 constexpr int kMaxSplits = 128;                       // flash_gen.runtime.fwd._MAX_SPLITS
 
 template <bool kBf16>
 __device__ __forceinline__ void fwd_combine(FwdParams const& p) {
+  __shared__ float4 warp_sums[kCombineWarps - 1][kCombineMaxHeadDim / 4];  // warps 1.. hand theirs to warp 0
   const int head_dim = p.head_dim;
-  const int lane = threadIdx.x % 32;
-  const int row = blockIdx.x * kCombineRows + threadIdx.x / 32;
-  const int head = blockIdx.y, batch = blockIdx.z;
-  if (row >= p.seqlen_q) return;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int row = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
   const int64_t split_stride = int64_t(p.batch) * p.nheads * p.seqlen_q;  // rows per split
   const int64_t bhr = (int64_t(batch) * p.nheads + head) * p.seqlen_q + row;
 
-  // Lane l owns splits l, l + 32, ... (at most kMaxSplits): their lse, then their weights.
+  // Every warp works out the weights (a few L2-resident floats): lane l owns splits l, l + 32, ...
   const float kNegInf = -__int_as_float(0x7f800000);
   float lse_s[kMaxSplits / 32];
   float lse_max = kNegInf;
@@ -47,13 +48,13 @@ __device__ __forceinline__ void fwd_combine(FwdParams const& p) {
 #pragma unroll
   for (int j = 0; j < kMaxSplits / 32; ++j) weight[j] = empty || lse_s[j] == kNegInf ? 0.f : __expf(lse_s[j] - lse);
 
-  // Weighted sum of the splits' rows; the weights come by shuffle, so the O loads of consecutive splits are
+  // This warp's splits' weighted rows; the weights come by shuffle, so the O loads of consecutive splits are
   // independent and the unrolled loop keeps several in flight.
   float acc[8] = {};
   const int col = lane * 8;
   const bool active = col < head_dim;
 #pragma unroll 4
-  for (int s = 0; s < p.num_splits; ++s) {
+  for (int s = warp; s < p.num_splits; s += kCombineWarps) {
     float w = 0.f;  // split s's weight, from lane s % 32's slot s / 32 (a static index: no local memory)
 #pragma unroll
     for (int j = 0; j < kMaxSplits / 32; ++j) {
@@ -68,7 +69,20 @@ __device__ __forceinline__ void fwd_combine(FwdParams const& p) {
       for (int i = 0; i < 8; ++i) acc[i] += w == 0.f ? 0.f : w * v[i];  // select: never 0 * (unwritten NaN)
     }
   }
-  if (col < head_dim) {
+  if (warp > 0 && active) {
+    warp_sums[warp - 1][2 * lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    warp_sums[warp - 1][2 * lane + 1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+  }
+  __syncthreads();
+  if (warp > 0) return;
+  if (active) {
+#pragma unroll
+    for (int w = 0; w < kCombineWarps - 1; ++w) {
+      const float4 a = warp_sums[w][2 * lane], b = warp_sums[w][2 * lane + 1];
+      const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[i] += v[i];
+    }
     unsigned w[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
