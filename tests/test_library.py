@@ -56,7 +56,7 @@ def test_foreign_or_corrupt_entries_fall_back(tmp_path, monkeypatch, helpers_onl
     out = tmp_path / "lib"
     make_library.build(("sm90",), out, jobs=1, progress=lambda _: None)
     lib = library.Library.open(out)
-    source, entry = render.render_combine("sm90", "bf16"), render.combine_entry("sm90", "bf16")
+    entry = render.combine_entry("sm90", "bf16")
     rec = lib.records[("sm90", entry)]
     with pytest.warns(RuntimeWarning, match="other sources"):
         assert lib.cubin("sm90", entry, "not-" + rec.source_key) is None
