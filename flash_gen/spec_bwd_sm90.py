@@ -13,8 +13,9 @@ from flash_gen.spec_bwd import BwdKey
 
 @dataclass(frozen=True)
 class Sm90BwdConfig:
-    """block_m queries per step x block_n keys per CTA (two warpgroups of 64 keys), two Q/dO buffers; the
-    template takes any block_m, the feasibility rule admits 64 x 128 only for now."""
+    """block_m queries per step x block_n keys per CTA (two warpgroups of 64 keys, or 64 keys shared when the head
+    dim is split), two Q/dO buffers; the template takes any block_m, the feasibility rule admits 64 x 128 (64 x 64
+    at head dim 256) only for now."""
 
     block_m: int = 64
     block_n: int = 128
@@ -40,6 +41,7 @@ def split_head_dim(key: BwdKey) -> bool:
 
 
 def default_sm90_bwd_config(key: BwdKey) -> Sm90BwdConfig:
+    """The one tiling the kernel takes for `key`'s head dim."""
     return Sm90BwdConfig(64, 64 if split_head_dim(key) else 128)
 
 

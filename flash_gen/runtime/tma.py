@@ -77,4 +77,3 @@ def params_with_maps(struct: type, base: ctypes.Structure, cache: dict, key: tup
     ctypes.memmove(ctypes.addressof(out), encoded, size)
     out.base = base
     return out
-
