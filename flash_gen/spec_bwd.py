@@ -142,7 +142,10 @@ def bwd_infeasible_reason(key: BwdKey, cfg: BwdConfig) -> str | None:
 # least, then the earliest. Timings: docs/benchmarks.md, "Backward tilings".
 _BWD_PREFS = (
     BwdConfig(128, 128, 8, 2, 4, 4, 2),  # hd <= 64: 8% faster fwd+bwd than 64x128 on the H200 (spills 12-16 B)
-    BwdConfig(64, 128, 8, 2, 4, 2, 2),  # hd <= 128
+    # hd <= 128: S/dP split 4 x 2 over the warps, dK/dV 2 x 4. With FA2's 2 x 4 / 4 x 2 (a242) ptxas spilled
+    # 48-52 B on sm80/sm100 and 36-40 B on sm90 at hd 128; this one spills none on sm80 (4-12 B on sm90, NVRTC
+    # 13.0) for 2.5% less fwd+bwd on the H200 (docs/benchmarks.md, "Backward tilings").
+    BwdConfig(64, 128, 8, 4, 2, 2, 2),
     BwdConfig(64, 128, 8, 2, 4, 2, 1),
     BwdConfig(64, 64, 8, 4, 2, 2, 2),  # hd <= 256
     BwdConfig(64, 64, 8, 4, 2, 2, 1),

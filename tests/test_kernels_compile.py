@@ -34,12 +34,6 @@ MATRIX = (
 )
 
 
-# Spill bytes (ptxas stores) a default backward kernel is known to have, measured 2026-11-29 with NVRTC 13.0: the
-# fastest hdim-128 tiling (64x128, 8 warps) sits at 255 registers. A ratchet, not a pass: the test fails if they
-# grow or if any other kernel spills; bringing them to zero is open work on the backward issue.
-KNOWN_SPILL_STORES = {BwdKey("sm80", "bf16", 128, "causal"): 52}
-
-
 def _default(key):
     return bwd_default(key) if isinstance(key, BwdKey) else default_config(key)
 
@@ -84,11 +78,7 @@ def test_representative_kernel_compiles_without_spills(compiled, key: FwdKey | B
     assert r.cubin[:4] == b"\x7fELF"
     assert f".entry {c.entry}" in r.ptx
     assert 0 < r.registers <= 255
-    known = KNOWN_SPILL_STORES.get(key, 0)
-    if known:
-        assert 0 < r.spill_stores <= known, f"{c.entry}: {r.spill_stores} spill bytes (known: {known})"
-    else:
-        assert (r.spill_stores, r.spill_loads, r.stack_frame) == (0, 0, 0), f"{c.entry} spills on {key.arch}"
+    assert (r.spill_stores, r.spill_loads, r.stack_frame) == (0, 0, 0), f"{c.entry} spills on {key.arch}"
     # The MMAs are the tensor-core path, not a scalar fallback.
     assert re.search(r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.(bf16|f16)", r.ptx)
     assert "cp.async.cg.shared.global" in r.ptx and "ldmatrix.sync.aligned" in r.ptx
