@@ -34,6 +34,12 @@ class Sm90BwdConfig:
 SM90_BWD_CONFIG_SPACE = {"block_m": (64,), "block_n": (64, 128)}
 
 
+def sm90_bwd_head_dim(key: BwdKey) -> int:
+    """Head dim the GEMMs compute: 64, 128 or 256 (one or two 128-byte swizzled rows per 64 columns; TMA and the
+    K/V loads zero-fill the columns past the tensors' head dim, the stores skip them)."""
+    return 64 if key.head_dim <= 64 else (128 if key.head_dim <= 128 else 256)
+
+
 def split_head_dim(key: BwdKey) -> bool:
     """Whether the warpgroups split the head dim (head dim 256: 64 keys per CTA, docs/hopper_backward.md) rather
     than the keys (64 each of 128)."""
@@ -54,7 +60,7 @@ def sm90_bwd_config_from_name(name: str) -> Sm90BwdConfig | None:
 def sm90_bwd_smem_bytes(key: BwdKey, cfg: Sm90BwdConfig) -> int:
     """Q, dO (two buffers each), K, V and dS tiles (2-byte elements), the tile's lse and rowsum(dO*O), when the
     head dim is split P^T in 2- and 4-byte elements, then the two buffers' mbarriers."""
-    d, tile = key.head_dim, cfg.block_m * cfg.block_n
+    d, tile = sm90_bwd_head_dim(key), cfg.block_m * cfg.block_n
     split = 6 * tile if split_head_dim(key) else 0
     return 2 * (4 * cfg.block_m * d + 2 * cfg.block_n * d + tile) + 2 * 4 * cfg.block_m + split + 2 * 8
 
@@ -72,8 +78,9 @@ def sm90_bwd_infeasible_reason(key: BwdKey, cfg: Sm90BwdConfig) -> str | None:
         return "block_n: 64 when the warpgroups split the head dim (256), else 128"
     if cfg.block_m != 64:  # 128 at hdim 64 compiles (the template takes it) but spills 388 B (NVRTC 13.0)
         return "block_m 64 only so far: 128-query steps spill"
-    if key.head_dim not in (64, 128, 256):  # 192 would split into 96-column halves: no 128-byte swizzled operand
-        return f"head_dim {key.head_dim}: 64, 128 or 256 only so far"
+    if key.head_dim % 8 or not (key.head_dim <= 128 or key.head_dim == 256):
+        # 136-248 would compute as 256 (192 splits into 96-column halves: no 128-byte swizzled operand)
+        return f"head_dim {key.head_dim}: a multiple of 8 up to 128, or 256"
     if sm90_bwd_smem_bytes(key, cfg) > MAX_SMEM_PER_BLOCK[key.arch]:
         return "shared memory"
     return None

@@ -93,19 +93,21 @@ def test_cli_compile_accepts_hopper_config_names():
 
 
 def test_hopper_backward_is_the_sm90_default_where_it_fits():
-    """bwd_tilings.default_config: the Hopper backward for sm90 head dims 64, 128 and 256 without softcap or ALiBi
-    (packed batches with deterministic dQ together at 64 only; 256 splits the head dim over 64-key tiles), the
-    portable backward everywhere else."""
+    """bwd_tilings.default_config: the Hopper backward for sm90 head dims up to 128 (computed as 64 or 128) and
+    256 without softcap or ALiBi (packed batches with deterministic dQ together up to 64 only; 256 splits the head
+    dim over 64-key tiles), the portable backward everywhere else."""
     from flash_gen import bwd_tilings, spec, spec_bwd
     from flash_gen.spec_bwd import BwdKey
     from flash_gen.spec_bwd_sm90 import default_sm90_bwd_config
 
-    hopper = [BwdKey("sm90", dt, hd, m) for dt in ("bf16", "fp16") for hd in (64, 128, 256) for m in spec.MASKS]
+    hopper = [BwdKey("sm90", dt, hd, m) for dt in ("bf16", "fp16") for hd in (64, 96, 128, 256) for m in spec.MASKS]
+    hopper += [BwdKey("sm90", "bf16", hd, "causal") for hd in (8, 40, 72, 120)]
     hopper += [BwdKey("sm90", "bf16", hd, "causal", varlen=True) for hd in (64, 128, 256)]
     hopper += [BwdKey("sm90", "bf16", hd, "none", deterministic=True) for hd in (64, 128, 256)]
     hopper += [BwdKey("sm90", "bf16", 64, "local", varlen=True, deterministic=True)]
     portable = [BwdKey("sm80", "bf16", 128, "none"), BwdKey("sm100", "bf16", 64, "causal"),
-                BwdKey("sm90", "bf16", 96, "none"), BwdKey("sm90", "bf16", 192, "causal"),
+                BwdKey("sm90", "bf16", 160, "none"), BwdKey("sm90", "bf16", 192, "causal"),
+                BwdKey("sm90", "bf16", 96, "none", varlen=True, deterministic=True),
                 BwdKey("sm90", "bf16", 128, "causal", varlen=True, deterministic=True),
                 BwdKey("sm90", "bf16", 64, "none", softcap=True), BwdKey("sm90", "bf16", 64, "none", alibi=True)]
     assert all(bwd_tilings.default_config(k) == default_sm90_bwd_config(k) for k in hopper)

@@ -9,9 +9,10 @@
 // with its parameters (BwdParams, after TMA maps of q and dout), preprocess and dQ conversion. One thread loads the
 // next query tile's Q and dO by TMA into the other of two buffers while this one computes (completing on that
 // buffer's mbarrier); K and V arrive once by cp.async; a barrier ends each query tile. Warp specialisation (a
-// producer warp, no block-wide barriers) is the next step. Head dims 64, 128 and 256 (the warpgroups splitting the
-// head dim, below), masks without softcap or ALiBi, dense or packed ragged batches, dQ additions in a fixed order
-// when deterministic (bwd_dq.cuh).
+// producer warp, no block-wide barriers) is the next step. Head dims up to 128, computed as 64 or 128 (loads
+// zero-fill the columns past the tensors' head dim, stores skip them), and 256 (the warpgroups splitting the head
+// dim, below); masks without softcap or ALiBi, dense or packed ragged batches, dQ additions in a fixed order when
+// deterministic (bwd_dq.cuh).
 #pragma once
 #include "flash_gen/bwd_dq.cuh"
 #include "flash_gen/bwd_key_tile.cuh"
@@ -21,10 +22,12 @@
 
 namespace flash_gen {
 
-template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, Mask kMask_, bool kVarlen_, bool kDeterministic_>
+template <class Element_, int kHeadDim_, int kHeadDimIO_, int kBlockM_, int kBlockN_, Mask kMask_, bool kVarlen_,
+          bool kDeterministic_>
 struct Sm90BwdTraits {
   using Element = Element_;
-  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kHeadDim = kHeadDim_;      // what the GEMMs compute: 64, 128 or 256
+  static constexpr int kHeadDimIO = kHeadDimIO_;  // the tensors' head dim (loads zero-fill past it, stores skip it)
   static constexpr int kBlockM = kBlockM_;  // queries per step: the N of S^T, the M of dQ
   // Head dim 256 (docs/hopper_backward.md): 64 x 256 of dK and dV do not fit one warpgroup's registers, so the
   // warpgroups split the head dim: one CTA owns 64 keys, warpgroup 0 computes S^T and warpgroup 1 dP^T at the same
@@ -40,7 +43,7 @@ struct Sm90BwdTraits {
   // Whether the dK/dV wgmmas run on through the dS barrier and the dQ GEMM: fwd+bwd +1.5-3% at head dim 64 on the
   // H200, at 128 +2% without a mask but -1% causal, and holding P^T and dS^T that long spills 8 B under local masks.
   static constexpr bool kOverlapDkvDq = kHeadDim <= 64 || kMask == Mask::kNone;
-  static_assert(kHeadDim % 64 == 0 && kHeadDim <= 256);
+  static_assert(kHeadDim % 64 == 0 && kHeadDim <= 256 && kHeadDimIO <= kHeadDim && kHeadDimIO % 8 == 0);
 
   using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;
   using SmemLayoutQ =  // Q and dO: (queries, head dim, stage)
@@ -147,10 +150,10 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   Tensor tKVcKV = load_thr.partition_D(cKV);
   copy_zfill(load, load_thr.partition_S(kv_tile(static_cast<const Element*>(p.k), p.k_batch_stride, p.k_row_stride,
                                                 p.k_head_stride)),
-             load_thr.partition_D(sK), tKVcKV, seqlen_k - col0, kD);
+             load_thr.partition_D(sK), tKVcKV, seqlen_k - col0, T::kHeadDimIO);
   copy_zfill(load, load_thr.partition_S(kv_tile(static_cast<const Element*>(p.v), p.v_batch_stride, p.v_row_stride,
                                                 p.v_head_stride)),
-             load_thr.partition_D(sV), tKVcKV, seqlen_k - col0, kD);
+             load_thr.partition_D(sV), tKVcKV, seqlen_k - col0, T::kHeadDimIO);
   cp_async_fence();
 
   typename T::MmaSdP mma_sdp;
@@ -320,11 +323,11 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   copy_predicated(store, store_thr.partition_S(sK),
                   store_thr.partition_D(kv_tile(static_cast<Element*>(p.dk), p.dk_batch_stride, p.dk_row_stride,
                                                 p.dk_head_stride)),
-                  tKVcKV_st, seqlen_k - col0, kD);
+                  tKVcKV_st, seqlen_k - col0, T::kHeadDimIO);
   copy_predicated(store, store_thr.partition_S(sV),
                   store_thr.partition_D(kv_tile(static_cast<Element*>(p.dv), p.dv_batch_stride, p.dv_row_stride,
                                                 p.dv_head_stride)),
-                  tKVcKV_st, seqlen_k - col0, kD);
+                  tKVcKV_st, seqlen_k - col0, T::kHeadDimIO);
 }
 
 }  // namespace flash_gen
