@@ -273,6 +273,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="print each family's space size and buckets; no GPU")
     p.add_argument("--precompile", action="store_true", help="compile each family's whole space (what passes the "
                    "static model) into the kernel cache, batched, and stop; no GPU. A tune then only measures")
+    p.add_argument("--verify", action="store_true", help="re-measure the database's entries for these families "
+                   "(tuned config and default on each bucket shape) and stop; writes nothing")
     p.add_argument("--no-collect", action="store_true", help=argparse.SUPPRESS)  # per-GPU worker processes
     p.set_defaults(func=_cmd_tune)
 

@@ -80,6 +80,20 @@ def test_database_round_trip(tmp_path):
         database.load("sm80", path)
 
 
+def test_verify_takes_the_live_entries():
+    """--verify re-measures what the runtime would use: not a stale entry (tuned against another default)."""
+    from flash_gen.search.verify import live_entries
+
+    fam = space.Family("fwd", "sm90", "bf16", 128, "causal")
+    default = space.default_config(fam).name
+    db = database.TunedDb("sm90")
+    for bucket, against in (("s<=1k", default), ("s>4k", "wgm64n64s2")):
+        db.record(fam.key.name, bucket, database.Entry("wgm192n80s4p", 1.0, against, 1.1, "H200", "CUDA 13.0",
+                                                       "2026-11-30T17:00:00+00:00", 5))
+    rows = live_entries(db, [fam])
+    assert [(b.name, cfg.name, d.name) for _, b, _, cfg, d in rows] == [("s<=1k", "wgm192n80s4p", default)]
+
+
 def _run_worker(storage: str, study: str, trials: int, seconds: float) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     return subprocess.Popen([sys.executable, str(WORKER), storage, study, str(trials), str(seconds)], env=env)

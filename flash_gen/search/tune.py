@@ -4,7 +4,7 @@ slower than the default, print a summary and write the tuning database (flash_ge
 first measures the configs that won it for the other dtype in that database (sibling_params), then, in a family's
 later buckets, the earlier bucket's best configs (warm_start), which are compiled already.
 --precompile compiles the families' whole spaces into the kernel cache in batches, on any machine, so a tune with
-a short budget spends it measuring.
+a short budget spends it measuring. --verify re-measures the database's entries instead (flash_gen.search.verify).
 
 With --devices 0,1,... one worker process per GPU joins the same studies (give --storage a PostgreSQL URL to
 spread them over hosts); the parent collects the results from the studies when they finish.
@@ -84,6 +84,10 @@ def run(args: argparse.Namespace) -> int:
         return dry_run(families)
     if args.precompile:
         return precompile(families, args.jobs or os.cpu_count() or 1)
+    if args.verify:
+        from flash_gen.search.verify import verify
+
+        return verify(args, families)
     if len(args.devices) > 1:
         return _run_workers(args, families)
     for fam in families:  # the database is written after each family, so a stopped run keeps what it finished
