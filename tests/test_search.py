@@ -163,6 +163,38 @@ def test_a_later_bucket_first_measures_the_earlier_buckets_best(tmp_path):
     assert [t.user_attrs["config"] for t in second.trials[:3]] == [name for name, _ in best]
 
 
+def test_the_database_keeps_no_config_slower_than_the_default_on_a_shape(tmp_path, capsys):
+    """The tune minimises a bucket's total time, but what it writes must not lose to the default on any of the
+    bucket's shapes: here every 8-warp config has the smaller total and loses on the first shape."""
+    import argparse
+    from concurrent.futures import ThreadPoolExecutor
+
+    from flash_gen.search.study import finished, search
+    from flash_gen.search.tune import _collect, study_name
+
+    fam = space.Family("fwd", "sm80", "bf16", 96, "causal")
+    bucket = space.buckets(fam)[0]
+    args = argparse.Namespace(study="t", storage=f"sqlite:///{tmp_path / 'tune.sqlite3'}", seed=0,
+                              database=tmp_path / "sm80.json", arch=("sm80",))
+
+    def per_shape(cfg) -> list[float]:
+        x = cfg.block_m / 64 + cfg.block_n / 32 + cfg.kv_stages
+        return [101.0, x] if cfg.num_warps == 8 else [50 + x, 60 + x]
+
+    study = open_study(study_name(args, fam, bucket), args.storage, args.seed)
+    study.set_user_attr("default", {"config": space.default_config(fam).name, "ms": 200.0, "shape_ms": [100.0, 100.0]})
+    study.set_user_attr("device", {"gpu": "stand-in", "driver": "none"})
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        search(study, fam, prepare=lambda f, c: None, measure=per_shape, pool=pool, workers=1, trials=24)
+    done = [t for t in finished(study) if "shape_ms" in t.user_attrs]
+    fastest = min(done, key=lambda t: t.value)
+    allowed = min((t for t in done if t.user_attrs["shape_ms"][0] <= 100), key=lambda t: t.value)
+    assert fastest.user_attrs["shape_ms"][0] > 100  # the smallest total loses on a shape
+    assert _collect(args, [fam]) == 0
+    entry = database.load("sm80", args.database).lookup(fam.key.name, bucket.name)
+    assert (entry.config, entry.ms) == (allowed.user_attrs["config"], allowed.value)
+
+
 def test_a_bucket_first_measures_the_other_dtypes_winner(tmp_path):
     """The fp16 family's buckets are seeded with the live bf16 winners of the same bucket in the database the tune
     updates; a stale entry (tuned against an old default) and one that kept the default are not."""

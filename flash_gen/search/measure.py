@@ -1,7 +1,8 @@
 """The tuner's GPU side: a candidate config is first checked for correctness on random inputs against the
 float64 reference (flash_attn's rule: error at most twice that of the same math in the input dtype, plus 1e-4),
 so a wrong kernel can never win; then timed on every shape of a bucket (median of triton's do_bench, or CUDA
-events, with inputs rotated past the L2), and its objective is the total over the bucket. The runtime is
+events, with inputs rotated past the L2). The search minimises the total over the bucket; the per-shape times let
+the tune keep only configs that are not slower than the default on any shape. The runtime is
 forced to the candidate's tiling; its cubin is already in the kernel cache (compiled by a worker process).
 """
 
@@ -22,7 +23,8 @@ _ROTATE_BYTES = 2 * 60 * 2**20  # twice the H200's L2
 
 
 class Measurer:
-    """measure(cfg) -> total milliseconds over `bucket`, or Rejected when the candidate computes wrong values."""
+    """measure(cfg) -> milliseconds on each shape of `bucket`, or Rejected when the candidate computes wrong
+    values."""
 
     def __init__(self, family: Family, bucket: Bucket, device: int = 0) -> None:
         self.family, self.bucket, self.device = family, bucket, device
@@ -31,11 +33,11 @@ class Measurer:
         self.window = _WINDOW[family.mask] if family.mask == "local" else (-1, -1)
         self.timer = median_timer()[1]
 
-    def __call__(self, cfg) -> float | Rejected:
+    def __call__(self, cfg) -> list[float] | Rejected:
         why = self.check(cfg)
         if why is not None:
             return Rejected(why)
-        return sum(self.time(cfg, shape) for shape in self.bucket.shapes)
+        return [self.time(cfg, shape) for shape in self.bucket.shapes]
 
     # --- one call of the family's kernel ----------------------------------------------------------------------
 

@@ -125,7 +125,7 @@ def _tune(args: argparse.Namespace, families: list[space.Family]) -> int:
                 if isinstance(default_ms, Rejected):
                     raise RuntimeError(f"{fam.name}: the default config {default.name} fails: {default_ms.reason}")
                 study = open_study(study_name(args, fam, bucket), args.storage, args.seed)
-                study.set_user_attr("default", {"config": default.name, "ms": default_ms})
+                study.set_user_attr("default", {"config": default.name, "ms": sum(default_ms), "shape_ms": default_ms})
                 study.set_user_attr("device", {"gpu": gpu, "driver": driver})
                 for params in sibling_params(db, fam, bucket):
                     study.enqueue_trial(params, skip_if_exists=True)  # a resumed study already holds them
@@ -189,11 +189,13 @@ def _collect(args: argparse.Namespace, families: list[space.Family]) -> int:
                 continue  # never tuned
             done = finished(study)
             best_name, best_ms = default["config"], default["ms"]
-            if done:
-                top = min(done, key=lambda t: t.value)
-                # Never keep a config slower than the default; the default re-measured is not a speedup.
-                if top.value < best_ms and top.user_attrs["config"] != best_name:
-                    best_name, best_ms = top.user_attrs["config"], top.value
+            # Never keep a config slower than the default, in total or on any shape of the bucket (studies from
+            # before per-shape times compare totals); the default re-measured is not a speedup.
+            candidates = [t for t in done if t.value < best_ms and t.user_attrs["config"] != best_name
+                          and _never_slower(t.user_attrs.get("shape_ms"), default.get("shape_ms"))]
+            if candidates:
+                top = min(candidates, key=lambda t: t.value)
+                best_name, best_ms = top.user_attrs["config"], top.value
             entry = database.Entry(config=best_name, ms=best_ms, default_config=default["config"],
                                    default_ms=default["ms"], gpu=device.get("gpu", "?"),
                                    driver=device.get("driver", "?"),
@@ -205,6 +207,14 @@ def _collect(args: argparse.Namespace, families: list[space.Family]) -> int:
     Console(width=None if sys.stdout.isatty() else 160).print(table)
     print(f"wrote {path}")
     return 0
+
+
+def _never_slower(shape_ms: list[float] | None, default_shape_ms: list[float] | None) -> bool:
+    """Whether a trial is at most the default's time on every shape (a trial without per-shape times, a repeated
+    suggestion, qualifies only where the default has none either)."""
+    if default_shape_ms is None:
+        return True
+    return shape_ms is not None and all(t <= d for t, d in zip(shape_ms, default_shape_ms))
 
 
 def _driver_version() -> str:
