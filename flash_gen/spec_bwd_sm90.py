@@ -69,9 +69,8 @@ def sm90_bwd_infeasible_reason(key: BwdKey, cfg: Sm90BwdConfig) -> str | None:
     """Why the Hopper backward cannot run `key` with `cfg` (None when it can)."""
     if key.arch != "sm90":
         return f"wgmma kernels are built for sm90, not {key.arch}"
-    unsupported = [f for f in ("softcap", "alibi") if getattr(key, f)]
-    if unsupported:
-        return f"not supported yet: {', '.join(unsupported)}"
+    if key.softcap:
+        return "not supported yet: softcap"
     if key.varlen and key.deterministic and key.head_dim > 64:  # 255 registers, 24 B of spills (NVRTC 13.0)
         return "registers: packed batches with deterministic dQ spill above head dim 64"
     if cfg.block_n != (64 if split_head_dim(key) else 128):

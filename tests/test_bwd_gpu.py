@@ -52,6 +52,7 @@ def _cases() -> list[Case]:
     cases = [Case("bf16", 64, 113, 203, 3, 6, 2, m, f) for m in MASKS for f in ("plain", "softcap", "alibi_h")]
     cases += [Case("fp16", 64, 203, 113, 2, 4, 4, m) for m in ("none", "causal", "win32_0")]
     cases += [Case("bf16", 64, 257, 257, 2, 4, 1, "causal", "alibi_bh")]
+    cases += [Case("bf16", 128, 301, 457, 2, 4, 2, m, "alibi_bh") for m in ("causal", "win32_0")]  # Hopper ALiBi at 128
     lengths = ((1, 1), (128, 217), (256, 512), (512, 256), (799, 3), (1000, 1000), (77, 1025))
     for d in (8, 32, 72, 80, 96, 128, 160, 192, 256):
         for mask in ("none", "causal"):

@@ -94,8 +94,8 @@ def test_cli_compile_accepts_hopper_config_names():
 
 def test_hopper_backward_is_the_sm90_default_where_it_fits():
     """bwd_tilings.default_config: the Hopper backward for sm90 head dims up to 128 (computed as 64 or 128) and
-    256 without softcap or ALiBi (packed batches with deterministic dQ together up to 64 only; 256 splits the head
-    dim over 64-key tiles), the portable backward everywhere else."""
+    256 without softcap, ALiBi or not (packed batches with deterministic dQ together up to 64 only; 256 splits the
+    head dim over 64-key tiles), the portable backward everywhere else."""
     from flash_gen import bwd_tilings, spec, spec_bwd
     from flash_gen.spec_bwd import BwdKey
     from flash_gen.spec_bwd_sm90 import default_sm90_bwd_config
@@ -105,11 +105,13 @@ def test_hopper_backward_is_the_sm90_default_where_it_fits():
     hopper += [BwdKey("sm90", "bf16", hd, "causal", varlen=True) for hd in (64, 128, 256)]
     hopper += [BwdKey("sm90", "bf16", hd, "none", deterministic=True) for hd in (64, 128, 256)]
     hopper += [BwdKey("sm90", "bf16", 64, "local", varlen=True, deterministic=True)]
+    hopper += [BwdKey("sm90", "bf16", hd, m, alibi=True) for hd in (64, 96, 128, 256) for m in spec.MASKS]
     portable = [BwdKey("sm80", "bf16", 128, "none"), BwdKey("sm100", "bf16", 64, "causal"),
                 BwdKey("sm90", "bf16", 160, "none"), BwdKey("sm90", "bf16", 192, "causal"),
                 BwdKey("sm90", "bf16", 96, "none", varlen=True, deterministic=True),
                 BwdKey("sm90", "bf16", 128, "causal", varlen=True, deterministic=True),
-                BwdKey("sm90", "bf16", 64, "none", softcap=True), BwdKey("sm90", "bf16", 64, "none", alibi=True)]
+                BwdKey("sm90", "bf16", 64, "none", softcap=True),
+                BwdKey("sm90", "bf16", 128, "causal", softcap=True, alibi=True)]
     assert all(bwd_tilings.default_config(k) == default_sm90_bwd_config(k) for k in hopper)
     assert {default_sm90_bwd_config(k).name for k in hopper} == {"wgbm64n128", "wgbm64n64"}
     assert all(bwd_tilings.default_config(k) == spec_bwd.default_bwd_config(k) for k in portable)

@@ -11,7 +11,7 @@
 // buffer's mbarrier); K and V arrive once by cp.async; a barrier ends each query tile. Warp specialisation (a
 // producer warp, no block-wide barriers) is the next step. Head dims up to 128, computed as 64 or 128 (loads
 // zero-fill the columns past the tensors' head dim, stores skip them), and 256 (the warpgroups splitting the head
-// dim, below); masks without softcap or ALiBi, dense or packed ragged batches, dQ additions in a fixed order when
+// dim, below); masks and ALiBi (not softcap), dense or packed ragged batches, dQ additions in a fixed order when
 // deterministic (bwd_dq.cuh).
 #pragma once
 #include "flash_gen/bwd_dq.cuh"
@@ -22,8 +22,8 @@
 
 namespace flash_gen {
 
-template <class Element_, int kHeadDim_, int kHeadDimIO_, int kBlockM_, int kBlockN_, Mask kMask_, bool kVarlen_,
-          bool kDeterministic_>
+template <class Element_, int kHeadDim_, int kHeadDimIO_, int kBlockM_, int kBlockN_, Mask kMask_, bool kAlibi_,
+          bool kVarlen_, bool kDeterministic_>
 struct Sm90BwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;      // what the GEMMs compute: 64, 128 or 256
@@ -38,6 +38,7 @@ struct Sm90BwdTraits {
   static constexpr int kNThreads = 256;
   static constexpr int kStages = 2;  // Q/dO buffers
   static constexpr Mask kMask = kMask_;
+  static constexpr bool kAlibi = kAlibi_;
   static constexpr bool kVarlen = kVarlen_;
   static constexpr bool kDeterministic = kDeterministic_;
   // Whether the dK/dV wgmmas run on through the dS barrier and the dQ GEMM: fwd+bwd +1.5-3% at head dim 64 on the
@@ -185,6 +186,8 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   int step = 0;
   for (int g = 0; g < group; ++g) {
     const int head = head_k * group + g;
+    float slope = 0.f;  // ALiBi, pre-divided by the softmax scale (alibi_scale) as scale_log2 multiplies it back
+    if constexpr (T::kAlibi) slope = p.alibi_slopes[batch * p.alibi_batch_stride + head] * p.alibi_scale;
     const int64_t acc0 = acc_row0(p, T::kVarlen, batch, head, seq.q_start);
     // Thread 0 only. A buffer is refilled after the barrier that ends the step that last read it.
     auto load_q_do = [&](int m, int stage) {
@@ -224,7 +227,9 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
           bool visible = key < seqlen_k;
           if constexpr (MaskBounds<T::kMask>::kRight) visible &= rel <= p.window_right;
           if constexpr (MaskBounds<T::kMask>::kLeft) visible &= rel >= -p.window_left;
-          const float pt = visible ? fast_exp2(acc_s(i) * p.scale_log2 - smem_lse[q]) : 0.f;
+          float s = acc_s(i);
+          if constexpr (T::kAlibi) s -= slope * float(abs(rel));  // -slope * |i + diag - j|
+          const float pt = visible ? fast_exp2(s * p.scale_log2 - smem_lse[q]) : 0.f;
           acc_s(i) = pt;
           if constexpr (decltype(with_dp)::value) acc_dp(i) = pt * (acc_dp(i) - smem_dsum[q]);
         }
