@@ -76,6 +76,7 @@ TILINGS = [
     ("bf16", 128, "none", "m64n128w8a242s2"),
     ("bf16", 64, "win64_64", "m128n128w8a244s2"),
     ("fp16", 128, "winInf_17", "wgbm64n128"),
+    ("bf16", 128, "causal", "wgbm64n128o"),  # the dK/dV overlap where it is not the default
 ]
 
 

@@ -22,8 +22,8 @@
 
 namespace flash_gen {
 
-template <class Element_, int kHeadDim_, int kHeadDimIO_, int kBlockM_, int kBlockN_, Mask kMask_, bool kAlibi_,
-          bool kVarlen_, bool kDeterministic_>
+template <class Element_, int kHeadDim_, int kHeadDimIO_, int kBlockM_, int kBlockN_, bool kOverlap_, Mask kMask_,
+          bool kAlibi_, bool kVarlen_, bool kDeterministic_>
 struct Sm90BwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;      // what the GEMMs compute: 64, 128 or 256
@@ -41,9 +41,8 @@ struct Sm90BwdTraits {
   static constexpr bool kAlibi = kAlibi_;
   static constexpr bool kVarlen = kVarlen_;
   static constexpr bool kDeterministic = kDeterministic_;
-  // Whether the dK/dV wgmmas run on through the dS barrier and the dQ GEMM: fwd+bwd +1.5-3% at head dim 64 on the
-  // H200, at 128 +2% without a mask but -1% causal, and holding P^T and dS^T that long spills 8 B under local masks.
-  static constexpr bool kOverlapDkvDq = kHeadDim <= 64 || kMask == Mask::kNone;
+  // Whether the dK/dV wgmmas run on through the dS barrier and the dQ GEMM (a tunable, Sm90BwdConfig.overlap).
+  static constexpr bool kOverlapDkvDq = kOverlap_;
   static_assert(kHeadDim % 64 == 0 && kHeadDim <= 256 && kHeadDimIO <= kHeadDim && kHeadDimIO % 8 == 0);
 
   using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;
