@@ -16,9 +16,9 @@ from flash_gen.search.study import open_study, search
 FAMILY = space.Family("fwd", "sm80", "bf16", 96, "causal")  # a portable-kernel family
 
 
-def objective(cfg) -> float:
-    """Deterministic per config, so repeated measurements agree."""
-    return cfg.block_m / 64 + cfg.block_n / 32 + cfg.num_warps + 0.5 * cfg.kv_stages + 0.25 * cfg.q_in_regs
+def objective(cfg) -> list[float]:
+    """One stand-in shape's time, deterministic per config, so repeated measurements agree."""
+    return [cfg.block_m / 64 + cfg.block_n / 32 + cfg.num_warps + 0.5 * cfg.kv_stages + 0.25 * cfg.q_in_regs]
 
 
 def main(storage: str, study_name: str, trials: int, seconds: float) -> int:

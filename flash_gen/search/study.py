@@ -96,7 +96,7 @@ def search(
     family: space.Family,
     *,
     prepare: Callable,  # prepare(family, cfg) -> None | Rejected, in a worker process (compile, read ptxas)
-    measure: Callable,  # measure(cfg) -> ms per shape (or their total), or Rejected (wrong results), in this process
+    measure: Callable,  # measure(cfg) -> ms per shape of the bucket, or Rejected (wrong results), in this process
     pool: Executor,
     workers: int,
     trials: int,
@@ -142,9 +142,8 @@ def search(
                 trial.set_user_attr("rejected", outcome.reason)
                 frozen = study.tell(trial, state=optuna.trial.TrialState.FAIL)
             else:
-                if isinstance(outcome, list):  # per shape: the objective is their total
-                    trial.set_user_attr("shape_ms", outcome)
-                    outcome = sum(outcome)
+                trial.set_user_attr("shape_ms", outcome)
+                outcome = sum(outcome)  # the objective: the bucket's total
                 seen[cfg.name] = outcome
                 frozen = study.tell(trial, outcome)
             on_trial(frozen)

@@ -189,10 +189,12 @@ def _collect(args: argparse.Namespace, families: list[space.Family]) -> int:
                 continue  # never tuned
             done = finished(study)
             best_name, best_ms = default["config"], default["ms"]
-            # Never keep a config slower than the default, in total or on any shape of the bucket (studies from
-            # before per-shape times compare totals); the default re-measured is not a speedup.
+            # Never keep a config slower than the default, in total or on any shape of the bucket (a repeated
+            # suggestion carries no per-shape times: its first measurement does); the default re-measured is not a
+            # speedup.
             candidates = [t for t in done if t.value < best_ms and t.user_attrs["config"] != best_name
-                          and _never_slower(t.user_attrs.get("shape_ms"), default.get("shape_ms"))]
+                          and "shape_ms" in t.user_attrs
+                          and all(a <= b for a, b in zip(t.user_attrs["shape_ms"], default["shape_ms"]))]
             if candidates:
                 top = min(candidates, key=lambda t: t.value)
                 best_name, best_ms = top.user_attrs["config"], top.value
@@ -207,14 +209,6 @@ def _collect(args: argparse.Namespace, families: list[space.Family]) -> int:
     Console(width=None if sys.stdout.isatty() else 160).print(table)
     print(f"wrote {path}")
     return 0
-
-
-def _never_slower(shape_ms: list[float] | None, default_shape_ms: list[float] | None) -> bool:
-    """Whether a trial is at most the default's time on every shape (a trial without per-shape times, a repeated
-    suggestion, qualifies only where the default has none either)."""
-    if default_shape_ms is None:
-        return True
-    return shape_ms is not None and all(t <= d for t, d in zip(shape_ms, default_shape_ms))
 
 
 def _driver_version() -> str:
