@@ -50,9 +50,10 @@ def split_head_dim(key: BwdKey) -> bool:
 
 def default_sm90_bwd_config(key: BwdKey) -> Sm90BwdConfig:
     """The tiling the kernel takes for `key`'s head dim, overlapping the dK/dV wgmmas where that measured ahead:
-    fwd+bwd +1.5-3% at head dim 64 on the H200, at 128 +2% without a mask but -1% causal (and 8 B of spills under
-    local masks)."""
-    return Sm90BwdConfig(64, 64 if split_head_dim(key) else 128, sm90_bwd_head_dim(key) <= 64 or key.mask == "none")
+    fwd+bwd +1.5-3% at head dim 64 on the H200, at 128 +2% without a mask but -1% causal. Packed batches above
+    head dim 64 go without: the overlap spills 8 B there (NVRTC 13.0)."""
+    d = sm90_bwd_head_dim(key)
+    return Sm90BwdConfig(64, 64 if split_head_dim(key) else 128, d <= 64 or (key.mask == "none" and not key.varlen))
 
 
 def sm90_bwd_config_from_name(name: str) -> Sm90BwdConfig | None:
@@ -75,8 +76,6 @@ def sm90_bwd_infeasible_reason(key: BwdKey, cfg: Sm90BwdConfig) -> str | None:
         return f"wgmma kernels are built for sm90, not {key.arch}"
     if key.softcap:
         return "not supported yet: softcap"
-    if key.varlen and key.deterministic and key.head_dim > 64:  # 255 registers, 24 B of spills (NVRTC 13.0)
-        return "registers: packed batches with deterministic dQ spill above head dim 64"
     if cfg.block_n != (64 if split_head_dim(key) else 128):
         return "block_n: 64 when the warpgroups split the head dim (256), else 128"
     if cfg.block_m != 64:  # 128 at hdim 64 compiles (the template takes it) but spills 388 B (NVRTC 13.0)

@@ -104,18 +104,18 @@ def test_hopper_backward_is_the_sm90_default_where_it_fits():
     hopper += [BwdKey("sm90", "bf16", hd, "causal") for hd in (8, 40, 72, 120)]
     hopper += [BwdKey("sm90", "bf16", hd, "causal", varlen=True) for hd in (64, 128, 256)]
     hopper += [BwdKey("sm90", "bf16", hd, "none", deterministic=True) for hd in (64, 128, 256)]
-    hopper += [BwdKey("sm90", "bf16", 64, "local", varlen=True, deterministic=True)]
+    hopper += [BwdKey("sm90", "bf16", hd, m, varlen=True, deterministic=True) for hd in (64, 96, 128) for m in ("none", "local")]
+    hopper += [BwdKey("sm90", dt, hd, "none", varlen=True) for dt in ("bf16", "fp16") for hd in (64, 96, 128)]
     hopper += [BwdKey("sm90", "bf16", hd, m, alibi=True) for hd in (64, 96, 128, 256) for m in spec.MASKS]
     portable = [BwdKey("sm80", "bf16", 128, "none"), BwdKey("sm100", "bf16", 64, "causal"),
                 BwdKey("sm90", "bf16", 160, "none"), BwdKey("sm90", "bf16", 192, "causal"),
-                BwdKey("sm90", "bf16", 96, "none", varlen=True, deterministic=True),
-                BwdKey("sm90", "bf16", 128, "causal", varlen=True, deterministic=True),
                 BwdKey("sm90", "bf16", 64, "none", softcap=True),
                 BwdKey("sm90", "bf16", 128, "causal", softcap=True, alibi=True)]
     assert all(bwd_tilings.default_config(k) == default_sm90_bwd_config(k) for k in hopper)
     assert {default_sm90_bwd_config(k).name for k in hopper} == {"wgbm64n128", "wgbm64n128o", "wgbm64n64", "wgbm64n64o"}
-    # the dK/dV overlap where it measured ahead: head dim 64 (computed), and unmasked
-    assert all(default_sm90_bwd_config(k).overlap == (k.head_dim <= 64 or k.mask == "none") for k in hopper)
+    # the dK/dV overlap where it measured ahead: head dim 64 (computed), and unmasked dense batches
+    assert all(default_sm90_bwd_config(k).overlap == (k.head_dim <= 64 or (k.mask == "none" and not k.varlen))
+               for k in hopper)
     assert all(bwd_tilings.default_config(k) == spec_bwd.default_bwd_config(k) for k in portable)
 
 

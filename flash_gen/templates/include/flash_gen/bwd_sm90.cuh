@@ -94,6 +94,14 @@ struct Sm90BwdTraits {
       2 * kBlockM * int(sizeof(float)) + kSplitBytes + kStages * int(sizeof(MBarrier));
 };
 
+// threadIdx.x through an opaque read: the epilogue's thread offsets are then recomputed after the main loop rather
+// than kept live across it (or spilled) from the prologue's identical K/V load offsets.
+__device__ __forceinline__ int opaque_thread_idx() {
+  int t;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
+  return t;
+}
+
 template <class T>
 __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   BwdParams const& p = sp.base;
@@ -159,14 +167,19 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   typename T::MmaSdP mma_sdp;
   typename T::MmadKV mma_dkv;
   typename T::MmadQ mma_dq;
-  const int wg = tidx / 128;
+  // Warp-uniform, as the shuffle tells the compiler: the smem descriptors, which depend on the warpgroup alone,
+  // then live in uniform registers rather than in each thread's.
+  const int wg = __shfl_sync(0xffffffff, tidx / 128, 0);
   auto thr_sdp = mma_sdp.get_thread_slice(T::kSplitHeadDim ? tidx % 128 : tidx);
   auto thr_dkv = mma_dkv.get_thread_slice(tidx);
   auto thr_dq = mma_dq.get_thread_slice(tidx);
-  Tensor tSrK = thr_sdp.partition_fragment_A(sK);  // smem descriptors
-  Tensor tSrV = thr_sdp.partition_fragment_A(sV);
-  Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);
-  Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);
+  auto desc_sdp = mma_sdp.get_thread_slice(T::kSplitHeadDim ? 0 : wg * 128);
+  auto desc_dkv = mma_dkv.get_thread_slice(wg * 128);
+  auto desc_dq = mma_dq.get_thread_slice(wg * 128);
+  Tensor tSrK = desc_sdp.partition_fragment_A(sK);
+  Tensor tSrV = desc_sdp.partition_fragment_A(sV);
+  Tensor tdQrdS = desc_dq.partition_fragment_A(sdS);
+  Tensor tdQrKt = desc_dq.partition_fragment_B(sKt);
   Tensor acc_dk = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kD>>{});
   Tensor acc_dv = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kD>>{});
   clear(acc_dk);
@@ -210,24 +223,27 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
       }
       q_full[stage].wait((step / T::kStages) & 1);  // this step's Q and dO have landed
       __syncthreads();  // the row statistics
-      Tensor tSrQ = thr_sdp.partition_fragment_B(sQ(_, _, stage));
-      Tensor tSrdO = thr_sdp.partition_fragment_B(sdO(_, _, stage));
-      Tensor tdVrdOt = thr_dkv.partition_fragment_B(sdOt(_, _, stage));
-      Tensor tdKrQt = thr_dkv.partition_fragment_B(sQt(_, _, stage));
+      Tensor tSrQ = desc_sdp.partition_fragment_B(sQ(_, _, stage));
+      Tensor tSrdO = desc_sdp.partition_fragment_B(sdO(_, _, stage));
+      Tensor tdVrdOt = desc_dkv.partition_fragment_B(sdOt(_, _, stage));
+      Tensor tdKrQt = desc_dkv.partition_fragment_B(sQt(_, _, stage));
 
       // P^T in place of S^T (a hidden (query, key) pair gives P = 0), and, with_dp, dS^T in place of dP^T.
       // Coordinates as offsets from the thread's first element fold into constants (attn_mask.cuh does the same).
+      // An element's key offset from its query's diagonal is base + off (off: a constant), so the bounds become
+      // per-thread limits on off, compared against immediates.
       auto softmax_grad = [&](auto& acc_s, auto& acc_dp, auto with_dp) {
         const int key0 = get<0>(cS(0)), q0 = get<1>(cS(0));
+        const int base = col0 + key0 - (row0 + q0 + diag), key_end = seqlen_k - col0 - key0;
+        const int right = p.window_right - base, left = -p.window_left - base;
         CUTE_UNROLL
         for (int i = 0; i < size(acc_s); ++i) {
-          const int key = col0 + key0 + (get<0>(cS(i)) - key0), q = q0 + (get<1>(cS(i)) - q0);
-          const int rel = key - (row0 + q + diag);  // key offset from the query's diagonal
-          bool visible = key < seqlen_k;
-          if constexpr (MaskBounds<T::kMask>::kRight) visible &= rel <= p.window_right;
-          if constexpr (MaskBounds<T::kMask>::kLeft) visible &= rel >= -p.window_left;
+          const int dk = get<0>(cS(i)) - key0, q = q0 + (get<1>(cS(i)) - q0), off = dk - (q - q0);
+          bool visible = dk < key_end;
+          if constexpr (MaskBounds<T::kMask>::kRight) visible &= off <= right;
+          if constexpr (MaskBounds<T::kMask>::kLeft) visible &= off >= left;
           float s = acc_s(i);
-          if constexpr (T::kAlibi) s -= slope * float(abs(rel));  // -slope * |i + diag - j|
+          if constexpr (T::kAlibi) s -= slope * float(abs(base + off));  // -slope * |i + diag - j|
           const float pt = visible ? fast_exp2(s * p.scale_log2 - smem_lse[q]) : 0.f;
           acc_s(i) = pt;
           if constexpr (decltype(with_dp)::value) acc_dp(i) = pt * (acc_dp(i) - smem_dsum[q]);
@@ -269,8 +285,8 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
           fence_smem_for_async_proxy();
         }
         __syncthreads();  // dS^T complete
-        wgmma_issue<false>(mma_dkv, thr_dkv.partition_fragment_A(sPt), tdVrdOt, acc_dv);
-        wgmma_issue<false>(mma_dkv, thr_dkv.partition_fragment_A(sdSt), tdKrQt, acc_dk);
+        wgmma_issue<false>(mma_dkv, desc_dkv.partition_fragment_A(sPt), tdVrdOt, acc_dv);
+        wgmma_issue<false>(mma_dkv, desc_dkv.partition_fragment_A(sdSt), tdKrQt, acc_dk);
       } else {
         Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
         Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
@@ -289,13 +305,19 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
         warpgroup_fence_operand(tdKrdSt);
         wgmma_issue<false>(mma_dkv, tdKrdSt, tdKrQt, acc_dk);
       }
-      if constexpr (!T::kOverlapDkvDq) warpgroup_wait<0>();
+      if constexpr (!T::kOverlapDkvDq) {
+        warpgroup_wait<0>();
+        if constexpr (!T::kSplitHeadDim) {  // P^T and dS^T die here, before the dQ accumulators
+          warpgroup_fence_operand(tdVrPt);
+          warpgroup_fence_operand(tdKrdSt);
+        }
+      }
       if constexpr (!T::kSplitHeadDim) __syncthreads();  // dS complete (split: since the barrier above)
 
       Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kD>>{});
       wgmma_issue<true>(mma_dq, tdQrdS, tdQrKt, acc_dq);
       warpgroup_wait<0>();  // with the overlap, the dK/dV wgmmas too: they have read their registers and Q/dO
-      if constexpr (!T::kSplitHeadDim) {
+      if constexpr (!T::kSplitHeadDim && T::kOverlapDkvDq) {
         warpgroup_fence_operand(tdVrPt);
         warpgroup_fence_operand(tdKrdSt);
       }
@@ -318,11 +340,13 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   Tensor dv_out = make_tensor<Element>(acc_dv.layout());
   convert_pairs(acc_dk, dk_out);
   convert_pairs(acc_dv, dv_out);
-  copy(dk_out, thr_dkv.partition_C(sK));
-  copy(dv_out, thr_dkv.partition_C(sV));
+  const int tidx_epi = opaque_thread_idx();
+  auto thr_dkv_epi = mma_dkv.get_thread_slice(tidx_epi);
+  copy(dk_out, thr_dkv_epi.partition_C(sK));
+  copy(dv_out, thr_dkv_epi.partition_C(sV));
   __syncthreads();
   typename T::GmemStore store;
-  auto store_thr = store.get_thread_slice(tidx);
+  auto store_thr = store.get_thread_slice(tidx_epi);
   Tensor tKVcKV_st = store_thr.partition_D(cKV);
   copy_predicated(store, store_thr.partition_S(sK),
                   store_thr.partition_D(kv_tile(static_cast<Element*>(p.dk), p.dk_batch_stride, p.dk_row_stride,
