@@ -19,6 +19,7 @@ from flash_gen.gen.render import entry_name, render_fwd
 from flash_gen.spec import FwdConfig, FwdKey, default_config, enumerate_configs, enumerate_keys, smem_bytes
 from flash_gen.bwd_tilings import default_config as bwd_default
 from flash_gen.spec_bwd import BwdKey
+from flash_gen.spec_bwd_sm90 import Sm90BwdConfig
 
 MATRIX = (
     FwdKey("sm80", "bf16", 128, "causal"),
@@ -81,6 +82,9 @@ def test_representative_kernel_compiles_without_spills(compiled, key: FwdKey | B
     assert 0 < r.registers <= 255
     assert (r.spill_stores, r.spill_loads, r.stack_frame) == (0, 0, 0), f"{c.entry} spills on {key.arch}"
     # The MMAs are the tensor-core path, not a scalar fallback.
+    if isinstance(_default(key), Sm90BwdConfig):
+        assert "wgmma.mma_async.sync.aligned" in r.ptx
+        return
     assert re.search(r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.(bf16|f16)", r.ptx)
     assert "cp.async.cg.shared.global" in r.ptx and "ldmatrix.sync.aligned" in r.ptx
 
