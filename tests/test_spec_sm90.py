@@ -94,8 +94,8 @@ def test_cli_compile_accepts_hopper_config_names():
 
 def test_hopper_backward_is_the_sm90_default_where_it_fits():
     """bwd_tilings.default_config: the Hopper backward for sm90 head dims up to 128 (computed as 64 or 128) and
-    256 without softcap, ALiBi or not (packed batches with deterministic dQ together up to 64 only; 256 splits the
-    head dim over 64-key tiles), the portable backward everywhere else."""
+    256 without softcap, ALiBi or not, dense or packed, deterministic or not (256 splits the head dim over 64-key
+    tiles), the portable backward everywhere else."""
     from flash_gen import bwd_tilings, spec, spec_bwd
     from flash_gen.spec_bwd import BwdKey
     from flash_gen.spec_bwd_sm90 import default_sm90_bwd_config

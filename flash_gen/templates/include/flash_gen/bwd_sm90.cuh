@@ -229,9 +229,9 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
       Tensor tdKrQt = desc_dkv.partition_fragment_B(sQt(_, _, stage));
 
       // P^T in place of S^T (a hidden (query, key) pair gives P = 0), and, with_dp, dS^T in place of dP^T.
-      // Coordinates as offsets from the thread's first element fold into constants (attn_mask.cuh does the same).
-      // An element's key offset from its query's diagonal is base + off (off: a constant), so the bounds become
-      // per-thread limits on off, compared against immediates.
+      // Coordinates as offsets from the thread's first element fold into constants (attn_mask.cuh does the same):
+      // an element's key offset from its query's diagonal is base + off, so the bounds become per-thread limits on
+      // the constant off, compared against immediates.
       auto softmax_grad = [&](auto& acc_s, auto& acc_dp, auto with_dp) {
         const int key0 = get<0>(cS(0)), q0 = get<1>(cS(0));
         const int base = col0 + key0 - (row0 + q0 + diag), key_end = seqlen_k - col0 - key0;
