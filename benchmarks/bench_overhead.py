@@ -199,6 +199,7 @@ def forward_steps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict[str
     """The pieces of one eager flash_attn_func call (flash_gen internals, so this tracks the code), outermost
     last, with PyTorch's own allocation and SDPA for scale."""
     from flash_gen import ops
+    from flash_gen.runtime import driver
     from flash_gen.runtime import fwd as rt
     from flash_gen.validate import check_attn_args
 
@@ -208,22 +209,38 @@ def forward_steps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict[str
                  softcap=args.softcap, alibi_slopes=None)
     plan = rt.plan_fwd(q, k, v, **score)
     out, lse = rt.run_fwd(plan, q, k, v, None)
-    params = rt._fill(plan.shape, q, k, v, out, lse, None)
-    if isinstance(plan.var.cfg, rt.Sm90FwdConfig):
-        params = rt._sm90_params(params, plan.shape, plan.var, q, k, v, out)
+    sm90 = isinstance(plan.var.cfg, rt.Sm90FwdConfig)
+
+    def template():  # what run_fwd passes for a dense call: the shape's struct (with TMA maps on Hopper)
+        return rt._sm90_params(plan.shape, plan.var, q, k, v, out) if sm90 else plan.shape.params
+
+    def patches():  # run_fwd's per-call addresses
+        return (rt._OFF_Q, q.data_ptr(), rt._OFF_K, k.data_ptr(), rt._OFF_V, v.data_ptr(), rt._OFF_O, out.data_ptr(),
+                rt._OFF_LSE, lse.data_ptr())
+
+    params, fixes, base = template(), patches(), rt._SM90_BASE if sm90 else 0
     stream = torch._C._cuda_getCurrentRawStream(q.device.index)
     grid = (1, 1, 1)  # one CTA: the launch's host cost does not depend on the grid
+
+    def launch():
+        plan.var.kernel.launch(grid, plan.var.block, plan.var.smem, stream, params, fixes, base)
+
+    def launch_ctypes():  # the fallback without the C launcher, for comparison
+        saved, driver._c_launch = driver._c_launch, None
+        try:
+            launch()
+        finally:
+            driver._c_launch = saved
+
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     return {
         "torch.empty_like (out)": lambda: torch.empty_like(q, memory_format=torch.contiguous_format),
         "q.new_empty (lse)": lambda: q.new_empty(plan.shape.lse_shape, dtype=torch.float32),
         "api: check_attn_args": lambda: check_attn_args(0.0, None, False, (-1, -1), 0.0, None, False, False),
         "ops._checked (memo hit)": lambda: ops._checked(q, k, v, *attn),
-        "runtime: parameters (_fill + TMA maps)": lambda: (
-            rt._sm90_params(rt._fill(plan.shape, q, k, v, out, lse, None), plan.shape, plan.var, q, k, v, out)
-            if isinstance(plan.var.cfg, rt.Sm90FwdConfig) else rt._fill(plan.shape, q, k, v, out, lse, None)),
-        "runtime: cuLaunchKernel": lambda: plan.var.kernel.launch(grid, plan.var.block, plan.var.smem, stream,
-                                                                   params),
+        "runtime: parameter template + address patches": lambda: (template(), patches()),
+        "runtime: launch (C launcher)" if driver._c_launch else "runtime: launch (ctypes; no C launcher)": launch,
+        "runtime: launch through ctypes": launch_ctypes,
         "runtime: plan_fwd (first call of a layout)": lambda: rt.plan_fwd(q, k, v, **score),
         "runtime: run_fwd": lambda: rt.run_fwd(plan, q, k, v, None),
         "ops.call(ops.fwd, ...)": lambda: ops.call(ops.fwd, q, k, v, *attn, False),
@@ -293,8 +310,11 @@ def main() -> int:
             if case != "fwd+bwd":  # the 15 µs target is the forward call's
                 checks.append(f"< {TARGET_US:.0f} µs target: {'met' if ours < TARGET_US else 'missed'}")
             verdicts.append(f"{case}: flash_gen {ours:.1f} µs; " + "; ".join(checks))
+    from flash_gen.runtime import driver
+
+    launcher = "C" if driver._c_launch is not None else "ctypes (the C launcher is not built)"
     print(f"\nhost overhead per call, {BATCH}x{SEQLEN}x{HEADS}x{HDIM} bf16 on {torch.cuda.get_device_name()}, "
-          f"torch {torch.__version__}, flash_gen {flash_gen.__version__}, {args.rounds} rounds")
+          f"torch {torch.__version__}, flash_gen {flash_gen.__version__}, launcher {launcher}, {args.rounds} rounds")
     for line in verdicts:
         print(line)
     print("\n| case | implementation | µs/call (median) | min | vs SDPA-FLASH |\n|---|---|---:|---:|---:|")

@@ -280,8 +280,33 @@ def test_loader_import_skips_optuna_and_cuda_init():
 # --- driver + loader (GPU) ------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("base", [0, 8])
+def test_c_launcher_packs_like_python(base):
+    """The C launcher's parameter copy (what cuLaunchKernel receives) equals driver.pack_params', and both reject
+    patches outside the struct."""
+    from flash_gen.runtime import driver
+
+    assert driver._c_launch is not None, "the C launcher (setup.py's extension) is not built"
+
+    class Wide(ctypes.Structure):
+        _fields_ = [("a", ctypes.c_uint8 * 8), ("p", Params), ("tail", ctypes.c_int32)]
+
+    template = Wide((ctypes.c_uint8 * 8)(*range(1, 9)), Params(0x1234, 77, 2.5), -3)
+    patches = (0, 0xFFFF_FFFF_FFFF_FFF0, 8, 2**63 + 5) if base == 0 else (Params.out.offset, 0xDEAD_BEEF_0000)
+    expected = bytes(driver.pack_params(template, patches, base))
+    assert driver._c_launch.pack(template, patches, base) == expected
+    assert expected != bytes(template) and bytes(Wide.from_buffer_copy(template)) == bytes(template)
+    outside = (ctypes.sizeof(Wide) - base - 4, 1)
+    with pytest.raises(ValueError, match="outside"):
+        driver._c_launch.pack(template, outside, base)
+    with pytest.raises(ValueError, match="outside"):
+        driver.pack_params(template, outside, base)
+    with pytest.raises(TypeError, match="patches"):
+        driver._c_launch.pack(template, (0,), base)
+
+
 @pytest.mark.gpu
-def test_launch_struct_kernel_on_torch_stream():
+def test_launch_struct_kernel_on_torch_stream(monkeypatch):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
@@ -296,11 +321,23 @@ def test_launch_struct_kernel_on_torch_stream():
     assert nvrtc.compile_source(CUTE_SOURCE, ENTRY, arch).registers > 0
 
     n = 1000
+    stream = torch.cuda.current_stream().cuda_stream
+    grid = ((n + 255) // 256, 1, 1)
     out = torch.zeros(n, device="cuda", dtype=torch.float32)
     params = Params(out.data_ptr(), n, 0.5)
-    kernel.launch(((n + 255) // 256, 1, 1), (256, 1, 1), smem, torch.cuda.current_stream().cuda_stream, params)
+    kernel.launch(grid, (256, 1, 1), smem, stream, params)
     torch.cuda.synchronize()
     assert torch.equal(out, torch.arange(n, device="cuda", dtype=torch.float32) + 0.5)
+    # A template without the address, patched at launch, through the C launcher and through ctypes.
+    assert driver._c_launch is not None, "the C launcher (setup.py's extension) is not built"
+    template = Params(0, n, 1.5)
+    for c_launch in (driver._c_launch, None):
+        monkeypatch.setattr(driver, "_c_launch", c_launch)
+        out = torch.zeros(n, device="cuda", dtype=torch.float32)
+        kernel.launch(grid, (256, 1, 1), smem, stream, template, (Params.out.offset, out.data_ptr()))
+        torch.cuda.synchronize()
+        assert torch.equal(out, torch.arange(n, device="cuda", dtype=torch.float32) + 1.5)
+    assert template.out is None  # launches copy the template
 
     with pytest.raises(errors.CudaError, match="cuLaunchKernel"):
         kernel.launch((1, 1, 1), (4096, 1, 1), 0, torch.cuda.current_stream().cuda_stream, params)

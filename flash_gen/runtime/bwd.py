@@ -71,6 +71,16 @@ class Sm90BwdParams(ctypes.Structure):
     _fields_.append(("_pad", ctypes.c_uint8 * (-(2 * tma.MAP_BYTES + ctypes.sizeof(BwdParams)) % tma.MAP_ALIGN)))
 
 
+# Byte offsets of the per-call addresses in BwdParams (attention_bwd patches them into the shape's template),
+# and of BwdParams inside the Hopper struct.
+(_OFF_Q, _OFF_K, _OFF_V, _OFF_O, _OFF_DO, _OFF_DQ, _OFF_DK, _OFF_DV, _OFF_LSE, _OFF_LSE_LOG2, _OFF_DSUM,
+ _OFF_DQ_ACCUM, _OFF_SEMAPHORE, _OFF_ALIBI, _OFF_CU_Q, _OFF_CU_K) = (
+    getattr(BwdParams, f).offset for f in ("q", "k", "v", "o", "dout", "dq", "dk", "dv", "lse", "lse_log2", "dsum",
+                                           "dq_accum", "dq_semaphore", "alibi_slopes", "cu_seqlens_q",
+                                           "cu_seqlens_k"))
+_SM90_BASE = Sm90BwdParams.base.offset
+
+
 class _Variant:
     """The main kernel of one backward key with its tiling, plus the dtype's two helper kernels."""
 
@@ -197,26 +207,29 @@ def attention_bwd(
         shape = _shapes[lookup] = _shape(var, tensors, lse, batch, varlen, causal=causal, window_size=window_size,
                                          softmax_scale=softmax_scale, softcap=softcap, alibi_slopes=alibi_slopes)
     f32 = q.new_empty((2 * shape.part + shape.rows * var.head_dim_mma,), dtype=torch.float32)
-    p = BwdParams.from_buffer_copy(shape.params)
-    p.q, p.k, p.v, p.o, p.dout = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), dout.data_ptr()
-    p.dq, p.dk, p.dv, p.lse = dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), lse.data_ptr()
     base = f32.data_ptr()
-    p.lse_log2, p.dsum, p.dq_accum = base, base + 4 * shape.part, base + 8 * shape.part
+    # The shape's template with this call's addresses patched in at launch (driver.Kernel.launch).
+    patches = (_OFF_Q, q.data_ptr(), _OFF_K, k.data_ptr(), _OFF_V, v.data_ptr(), _OFF_O, out.data_ptr(), _OFF_DO,
+               dout.data_ptr(), _OFF_DQ, dq.data_ptr(), _OFF_DK, dk.data_ptr(), _OFF_DV, dv.data_ptr(), _OFF_LSE,
+               lse.data_ptr(), _OFF_LSE_LOG2, base, _OFF_DSUM, base + 4 * shape.part, _OFF_DQ_ACCUM,
+               base + 8 * shape.part)
     if deterministic:
         semaphore = torch.empty(shape.rows, dtype=torch.int32, device=q.device)
-        p.dq_semaphore = semaphore.data_ptr()
+        patches += (_OFF_SEMAPHORE, semaphore.data_ptr())
     if alibi_slopes is not None:
-        p.alibi_slopes = alibi_slopes.data_ptr()
+        patches += (_OFF_ALIBI, alibi_slopes.data_ptr())
     if varlen:
-        p.cu_seqlens_q, p.cu_seqlens_k = cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr()
+        patches += (_OFF_CU_Q, cu_seqlens_q.data_ptr(), _OFF_CU_K, cu_seqlens_k.data_ptr())
 
     stream = torch._C._cuda_getCurrentRawStream(q.device.index)  # no Stream object per call
     aux_block = (_AUX_THREADS, 1, 1)
-    var.preprocess.launch(shape.grids[0], aux_block, 0, stream, p)
-    main = p
+    var.preprocess.launch(shape.grids[0], aux_block, 0, stream, shape.params, patches)
+    main_block = (var.cfg.num_threads, 1, 1)
     if isinstance(var.cfg, Sm90BwdConfig):  # TMA boxes of a query tile's rows
         rows = var.cfg.block_m
-        main = tma.params_with_maps(Sm90BwdParams, p, shape.maps, (var, q.data_ptr(), dout.data_ptr()),
+        main = tma.params_with_maps(Sm90BwdParams, shape.params, shape.maps, (var, q.data_ptr(), dout.data_ptr()),
                                     (("tma_q", q, rows), ("tma_do", dout, rows)))
-    var.main.launch(shape.grids[1], (var.cfg.num_threads, 1, 1), var.smem, stream, main)
-    var.convert_dq.launch(shape.grids[2], aux_block, 0, stream, p)
+        var.main.launch(shape.grids[1], main_block, var.smem, stream, main, patches, _SM90_BASE)
+    else:
+        var.main.launch(shape.grids[1], main_block, var.smem, stream, shape.params, patches)
+    var.convert_dq.launch(shape.grids[2], aux_block, 0, stream, shape.params, patches)

@@ -1,7 +1,7 @@
 """The CUDA driver layer: load a cubin into a device's primary context and launch its kernel.
 
 Kernels take one by-value parameter struct (`__global__ void k(const __grid_constant__ Params p)`), passed
-from a ctypes.Structure. PyTorch runs on each device's primary context, so modules are loaded there and
+from a ctypes.Structure through the C launcher (_launch.c) or, without it, ctypes. PyTorch runs on each device's primary context, so modules are loaded there and
 launch on PyTorch's streams.
 
 Importing this module does not initialise CUDA (cuInit runs in load_kernel). torch is imported only inside
@@ -16,6 +16,11 @@ import functools
 from cuda.bindings import driver as cu
 
 from flash_gen import errors
+
+try:  # setup.py builds it where a C compiler is present; without it launches go through ctypes (slower)
+    from flash_gen.runtime import _launch as _c_launch
+except ImportError:
+    _c_launch = None
 
 _MAX_DYNAMIC_SMEM = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 _DEFAULT_SMEM_LIMIT = 48 * 1024  # dynamic shared memory a kernel may use without opting in
@@ -40,24 +45,34 @@ def cuda_error(call: str, err) -> errors.CudaError:
 
 @functools.cache
 def _cu_launch_kernel() -> ctypes._CFuncPtr:
-    """libcuda's cuLaunchKernel through ctypes: the launch is the per-call hot path, and cuda-bindings' wrapper
-    converts every argument in Python (several µs per launch). No argtypes: ctypes then passes Python ints as C
-    ints (the grid, block and smem sizes, all below 2^31) and pointers as given, c_void_p objects and the
-    kernelParams array, which skips a conversion per argument."""
+    """libcuda's cuLaunchKernel through ctypes, for builds without the C launcher. No argtypes: ctypes then passes
+    Python ints as C ints (the grid, block and smem sizes, all below 2^31) and pointers as given, c_void_p objects
+    and the kernelParams array, which skips a conversion per argument."""
     fn = ctypes.CDLL("libcuda.so.1").cuLaunchKernel
     fn.restype = ctypes.c_int
     return fn
 
 
+def pack_params(params: ctypes.Structure, patches: tuple[int, ...], patch_base: int) -> ctypes.Structure:
+    """A copy of `params` with `patches` applied: (offset, value, offset, value, ...), each value 8 bytes written at
+    byte patch_base + offset. The C launcher's pack() does the same."""
+    out = type(params).from_buffer_copy(params)
+    for i in range(0, len(patches), 2):
+        offset = patch_base + patches[i]
+        if offset < 0 or offset + 8 > ctypes.sizeof(out):
+            raise ValueError(f"patch at byte {offset} outside the {ctypes.sizeof(out)}-byte parameters")
+        ctypes.c_uint64.from_buffer(out, offset).value = patches[i + 1]
+    return out
+
+
 class Kernel:
     """One kernel loaded on one device. The module is kept here so the function stays valid."""
 
-    __slots__ = ("entry", "device", "module", "function", "_handle", "_launch")
+    __slots__ = ("entry", "device", "module", "function", "_handle")
 
     def __init__(self, entry: str, device: int, module: cu.CUmodule, function: cu.CUfunction) -> None:
         self.entry, self.device, self.module, self.function = entry, device, module, function
-        self._handle = ctypes.c_void_p(int(function))  # the CUfunction pointer
-        self._launch = _cu_launch_kernel()
+        self._handle = int(function)  # the CUfunction pointer
 
     def launch(
         self,
@@ -66,12 +81,22 @@ class Kernel:
         smem: int,
         stream: int,
         params: ctypes.Structure,
+        patches: tuple[int, ...] = (),
+        patch_base: int = 0,
     ) -> None:
-        """Launch on `stream` (a CUstream handle as an int, e.g. torch.cuda.current_stream().cuda_stream)
-        with `params` as the kernel's single argument. The stream must belong to this kernel's device."""
-        args = _ParamPointer(ctypes.addressof(params))  # the struct is copied at launch
-        err = self._launch(self._handle, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem,
-                           ctypes.c_void_p(stream), args, None)
+        """Launch on `stream` (a CUstream handle as an int, e.g. torch.cuda.current_stream().cuda_stream) with a
+        copy of `params`, patched as pack_params says, as the kernel's single argument: the per-call tensor
+        addresses go in as patches, so `params` can be a template kept per shape. The stream must belong to this
+        kernel's device."""
+        if _c_launch is not None:
+            err = _c_launch.launch(self._handle, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem,
+                                   stream, params, patches, patch_base)
+        else:
+            if patches:
+                params = pack_params(params, patches, patch_base)
+            err = _cu_launch_kernel()(ctypes.c_void_p(self._handle), grid[0], grid[1], grid[2], block[0], block[1],
+                                      block[2], smem, ctypes.c_void_p(stream),
+                                      _ParamPointer(ctypes.addressof(params)), None)
         if err:
             raise cuda_error("cuLaunchKernel", cu.CUresult(err))
 

@@ -67,6 +67,13 @@ class Sm90FwdParams(ctypes.Structure):
     _fields_.append(("_pad", ctypes.c_uint8 * (-(4 * tma.MAP_BYTES + ctypes.sizeof(FwdParams)) % tma.MAP_ALIGN)))
 
 
+# Byte offsets of the per-call addresses in FwdParams (run_fwd patches them into the shape's template), and of
+# FwdParams inside the Hopper struct.
+_OFF_Q, _OFF_K, _OFF_V, _OFF_O, _OFF_LSE, _OFF_ALIBI, _OFF_CU_Q, _OFF_CU_K = (
+    getattr(FwdParams, f).offset for f in ("q", "k", "v", "o", "lse", "alibi_slopes", "cu_seqlens_q", "cu_seqlens_k"))
+_SM90_BASE = Sm90FwdParams.base.offset
+
+
 class _Variant:
     """A loaded kernel with its launch shape, cached per (device, dtype, head dim, mask, features)."""
 
@@ -190,17 +197,27 @@ def run_fwd(
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)  # cheaper than torch.empty(shape, ...)
     lse = q.new_empty(shape.lse_shape, dtype=torch.float32)  # cheaper than torch.empty(..., device=)
-    p = _fill(shape, q, k, v, out, lse, alibi_slopes)
-    if block_table is not None:
+    stream = torch._C._cuda_getCurrentRawStream(q.device.index)  # as Inductor's code reads it: no Stream object
+    if block_table is not None:  # paged (portable kernel only): the whole struct, set field by field
+        p = _fill(shape, q, k, v, out, lse, alibi_slopes)
         p.block_table, p.block_table_stride = block_table.data_ptr(), block_table.stride(0)
         p.kv_batches, p.page_size = k.shape[0], k.shape[1]
+        if cu_seqlens_q is not None:
+            p.cu_seqlens_q, p.cu_seqlens_k = cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr()
+        var.kernel.launch(plan.grid, var.block, var.smem, stream, p)
+        return out, lse
+    # The shape's template with this call's addresses patched in at launch (driver.Kernel.launch).
+    patches = (_OFF_Q, q.data_ptr(), _OFF_K, k.data_ptr(), _OFF_V, v.data_ptr(), _OFF_O, out.data_ptr(), _OFF_LSE,
+               lse.data_ptr())
+    if alibi_slopes is not None:
+        patches += (_OFF_ALIBI, alibi_slopes.data_ptr())
     if cu_seqlens_q is not None:
-        p.cu_seqlens_q, p.cu_seqlens_k = cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr()
+        patches += (_OFF_CU_Q, cu_seqlens_q.data_ptr(), _OFF_CU_K, cu_seqlens_k.data_ptr())
     if isinstance(var.cfg, Sm90FwdConfig):
-        p = _sm90_params(p, shape, var, q, k, v, out)
-    # The current stream's raw handle, as Inductor's generated code reads it: torch.cuda.current_stream() would
-    # build a Stream object on every call.
-    var.kernel.launch(plan.grid, var.block, var.smem, torch._C._cuda_getCurrentRawStream(q.device.index), p)
+        params = _sm90_params(shape, var, q, k, v, out)
+        var.kernel.launch(plan.grid, var.block, var.smem, stream, params, patches, _SM90_BASE)
+    else:
+        var.kernel.launch(plan.grid, var.block, var.smem, stream, shape.params, patches)
     return out, lse
 
 
@@ -236,13 +253,14 @@ def attention_fwd(
     return run_fwd(plan, q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, block_table, out)
 
 
-def _sm90_params(p: FwdParams, shape: _Shape, var: _Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def _sm90_params(shape: _Shape, var: _Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  out: torch.Tensor) -> Sm90FwdParams:
-    """The Hopper kernel's parameters: `p` after TMA maps of q and out (boxes of a consumer warpgroup's 64 rows)
-    and of k and v (a key tile's rows), encoded once per shape and address set (tma.params_with_maps)."""
+    """The Hopper kernel's parameter template: TMA maps of q and out (boxes of a consumer warpgroup's 64 rows) and
+    of k and v (a key tile's rows), then the shape's FwdParams, kept per shape and address set
+    (tma.params_with_maps)."""
     rows = var.cfg.block_n
-    return tma.params_with_maps(Sm90FwdParams, p, shape.maps, (var, q.data_ptr(), k.data_ptr(), v.data_ptr(),
-                                                               out.data_ptr()),
+    return tma.params_with_maps(Sm90FwdParams, shape.params, shape.maps, (var, q.data_ptr(), k.data_ptr(),
+                                                                          v.data_ptr(), out.data_ptr()),
                                 (("tma_q", q, ROWS_PER_CONSUMER), ("tma_k", k, rows), ("tma_v", v, rows),
                                  ("tma_o", out, ROWS_PER_CONSUMER)))
 

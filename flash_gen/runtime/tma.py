@@ -61,19 +61,17 @@ MAPS_PER_SHAPE = 64  # address sets kept per shape (a training loop cycles throu
 def params_with_maps(struct: type, base: ctypes.Structure, cache: dict, key: tuple,
                      maps: tuple[tuple[str, torch.Tensor, int], ...]) -> ctypes.Structure:
     """A Hopper kernel's parameter `struct`: TMA map fields first (`maps`: field, tensor (b, s, h, d) or packed
-    (s, h, d), box rows), then `base`. A map depends only on the address, shape, strides, dtype and box, so the
-    encoded maps are kept in `cache` (one per shape) under `key` (the variant and the addresses): a repeated call
-    (the caching allocator hands out the same blocks step after step) copies bytes instead of encoding."""
-    size = struct.base.offset
-    encoded = cache.get(key)
-    if encoded is None:
-        encoded = (ctypes.c_uint8 * size)()
+    (s, h, d), box rows), then `base`, the shape's template (the same object for every call of a shape; per-call
+    addresses are patched in at launch). A map depends only on the address, shape, strides, dtype and box, so the
+    struct is kept in `cache` (one per shape) under `key` (the variant and the addresses): a repeated call (the
+    caching allocator hands out the same blocks step after step) encodes nothing. Callers must not modify it."""
+    params = cache.get(key)
+    if params is None:
+        params = struct()
         for field, t, rows in maps:
-            encode_rows(encoded, getattr(struct, field).offset, t if t.dim() == 4 else t[None], rows)
+            encode_rows(params, getattr(struct, field).offset, t if t.dim() == 4 else t[None], rows)
+        params.base = base
         if len(cache) >= MAPS_PER_SHAPE:
             cache.clear()
-        cache[key] = encoded
-    out = struct()
-    ctypes.memmove(ctypes.addressof(out), encoded, size)
-    out.base = base
-    return out
+        cache[key] = params
+    return params
