@@ -259,6 +259,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--mask", type=_csv(str, spec.MASKS), default=("none", "causal"), help="comma list")
     p.add_argument("--direction", type=_csv(str, ("fwd", "bwd", "decode")), default=("fwd",),
                    help="comma list of fwd, bwd, decode (default: fwd)")
+    p.add_argument("--bucket", type=lambda t: tuple(x for x in t.split(",") if x), default=(),
+                   help="comma list of sequence-length buckets to tune, e.g. 's<=1k,s>4k' (default: all; the "
+                   "database keeps the others' entries)")
     p.add_argument("--trials", type=int, default=40, help="completed trials per family and bucket (default: 40)")
     p.add_argument("--time-budget", type=float, default=0.0, help="minutes per family (0: no limit)")
     p.add_argument("--storage", default=None, help="Optuna RDB URL (default: SQLite in the kernel cache folder; "

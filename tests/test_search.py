@@ -196,28 +196,33 @@ def test_the_database_keeps_no_config_slower_than_the_default_on_a_shape(tmp_pat
     assert (entry.config, entry.ms) == (allowed.user_attrs["config"], allowed.value)
 
 
-def test_a_bucket_first_measures_the_other_dtypes_winner(tmp_path):
-    """The fp16 family's buckets are seeded with the live bf16 winners of the same bucket in the database the tune
-    updates; a stale entry (tuned against an old default) and one that kept the default are not."""
-    from flash_gen.search.study import sibling_params
+def test_a_bucket_first_measures_the_database_winners(tmp_path):
+    """A family's buckets are seeded with the live winners of the same bucket in the database the tune updates: its
+    own key's first, then the other dtype's; a stale entry (tuned against an old default), one that kept the
+    default and a repeat are not."""
+    from flash_gen.search.study import seed_params
 
     fam = space.Family("fwd", "sm90", "fp16", 128, "causal")
     default, winner = space.default_config(fam), spec_sm90.Sm90FwdConfig(80, 4, block_m=192)
+    own = spec_sm90.Sm90FwdConfig(96, 2, block_m=128)
     db = database.TunedDb("sm90")
-    for bucket, config, tuned_against in (("s<=1k", default.name, default.name), ("s<=4k", winner.name, "old"),
-                                          ("s>4k", winner.name, default.name)):
-        db.record("fwd_sm90_bf16_hd128_causal", bucket, database.Entry(config, 1.0, tuned_against, 1.1, "NVIDIA H200",
-                                                                        "CUDA 13.0", "2026-11-30T10:18:20+00:00", 40))
+    entries = (("bf16", "s<=1k", default.name, default.name), ("bf16", "s<=4k", winner.name, "old"),
+               ("bf16", "s>4k", winner.name, default.name), ("fp16", "s>4k", own.name, default.name),
+               ("fp16", "s<=1k", winner.name, default.name))
+    for dtype, bucket, config, tuned_against in entries:
+        db.record(f"fwd_sm90_{dtype}_hd128_causal", bucket, database.Entry(config, 1.0, tuned_against, 1.1,
+                                                                           "NVIDIA H200", "CUDA 13.0",
+                                                                           "2026-11-30T10:18:20+00:00", 40))
     db = database.load("sm90", db.save(tmp_path / "sm90.json"))
     seeded = {}
     for bucket in space.buckets(fam):
         study = optuna.create_study()
-        for params in sibling_params(db, fam, bucket):
+        for params in seed_params(db, fam, bucket):
             study.enqueue_trial(params, skip_if_exists=True)
         waiting = len(study.get_trials(states=(optuna.trial.TrialState.WAITING,)))
         # The configs the bucket's first trials draw, as search() does.
         seeded[bucket.name] = [space.suggest_config(fam, study.ask().suggest_categorical) for _ in range(waiting)]
-    assert seeded == {"s<=1k": [], "s<=4k": [], "s>4k": [winner]}
+    assert seeded == {"s<=1k": [winner], "s<=4k": [], "s>4k": [own, winner]}
 
 
 def test_precompile_fills_the_kernel_cache_for_the_tune(tmp_path, monkeypatch, capsys):
@@ -234,3 +239,32 @@ def test_precompile_fills_the_kernel_cache_for_the_tune(tmp_path, monkeypatch, c
     assert time.monotonic() - start < 5  # cache hits, not compiles
     assert precompile([fam], jobs=2) == 0
     assert "4 were cached, 0 compiled" in capsys.readouterr().out
+
+
+def test_bucket_option_tunes_and_collects_only_the_named_buckets(tmp_path, capsys):
+    """--bucket: the other buckets' studies are not opened and their database entries stay; an unknown bucket
+    name is refused before any work."""
+    import argparse
+
+    from flash_gen.search.tune import _collect, run, selected_buckets, study_name
+
+    fam = space.Family("fwd", "sm80", "bf16", 96, "causal")
+    first, *others = space.buckets(fam)
+    args = argparse.Namespace(study="t", storage=f"sqlite:///{tmp_path / 'tune.sqlite3'}", seed=0,
+                              database=tmp_path / "sm80.json", arch=("sm80",), bucket=(others[-1].name,))
+    assert selected_buckets(args, fam) == [others[-1]]
+    db = database.TunedDb("sm80")
+    kept = database.Entry("m128n64w4s2", 1.0, "m128n64w4s2", 1.0, "stand-in", "none", "2026-11-30T10:00:00+00:00", 9)
+    db.record(fam.key.name, first.name, kept)
+    db.save(args.database)
+    for bucket in space.buckets(fam):  # every bucket has a measured default in storage
+        study = open_study(study_name(args, fam, bucket), args.storage, args.seed)
+        study.set_user_attr("default", {"config": space.default_config(fam).name, "ms": 2.0, "shape_ms": [2.0]})
+    assert _collect(args, [fam]) == 0
+    entries = database.load("sm80", args.database).entries[fam.key.name]
+    assert entries[first.name] == kept and set(entries) == {first.name, others[-1].name}
+
+    bad = argparse.Namespace(arch=("sm80",), dtype=("bf16",), hdim=(96,), mask=("causal",), direction=("fwd",),
+                             bucket=("s<=2k",), dry_run=False)
+    assert run(bad) == 2
+    assert "--bucket: unknown ['s<=2k']" in capsys.readouterr().err

@@ -72,21 +72,20 @@ def warm_start(study: optuna.Study, source: optuna.Study, count: int = 4) -> int
     return len(names)
 
 
-def sibling_params(db: database.TunedDb, family: space.Family, bucket: space.Bucket) -> list[dict]:
-    """The params of the live configs `db` holds for `bucket` of the family's sibling keys (the other dtype: the
-    same kernels but for the element type, so the likeliest winners), for the bucket's study to measure first. Skips
-    configs of another template or outside the family's axes, infeasible for its key, or its default (measured
-    anyway)."""
+def seed_params(db: database.TunedDb, family: space.Family, bucket: space.Bucket) -> list[dict]:
+    """The params of the live configs `db` holds for `bucket` of the family's own key (so a re-tune with a short
+    budget re-measures, and cannot lose, what an earlier tune found) and of its sibling keys (the other dtype: the
+    same kernels but for the element type, so the likeliest winners), for the bucket's study to measure first.
+    Skips configs of another template or outside the family's axes, infeasible for its key, or its default
+    (measured anyway)."""
     axes, default = space.axes(family), space.default_config(family)
     out = []
-    for dtype in spec.DTYPES:
-        if dtype == family.dtype:
-            continue
+    for dtype in sorted(spec.DTYPES, key=lambda d: d != family.dtype):  # own first
         cfg = db.live_config(replace(family, dtype=dtype).key, bucket.name)
         if cfg is None or cfg == default or space.infeasible(family, cfg) is not None:
             continue
         params = asdict(cfg)
-        if params.keys() == axes.keys() and all(v in axes[k] for k, v in params.items()):
+        if params.keys() == axes.keys() and all(v in axes[k] for k, v in params.items()) and params not in out:
             out.append(params)
     return out
 

@@ -1,8 +1,8 @@
 """`flash-gen tune`: for each family and bucket, measure the default config, search the space with Optuna
 (compiles in worker processes, measurements on the GPU), keep the fastest config that is correct and never
 slower than the default, print a summary and write the tuning database (flash_gen/tuned/<arch>.json). Each bucket
-first measures the configs that won it for the other dtype in that database (sibling_params), then, in a family's
-later buckets, the earlier bucket's best configs (warm_start), which are compiled already.
+first measures the configs that won it for its own key and for the other dtype in that database (seed_params), then,
+in a family's later buckets, the earlier bucket's best configs (warm_start), which are compiled already.
 --precompile compiles the families' whole spaces into the kernel cache in batches, on any machine, so a tune with
 a short budget spends it measuring. --verify re-measures the database's entries instead (flash_gen.search.verify).
 
@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 
 from flash_gen import tuned as database
 from flash_gen.search import space
-from flash_gen.search.study import Rejected, finished, open_study, search, sibling_params, warm_start
+from flash_gen.search.study import Rejected, finished, open_study, search, seed_params, warm_start
 
 
 def compile_candidate(family: space.Family, cfg) -> Rejected | None:
@@ -74,12 +74,22 @@ def dry_run(families: list[space.Family]) -> int:
     return 0
 
 
+def selected_buckets(args: argparse.Namespace, fam: space.Family) -> list[space.Bucket]:
+    """The family's buckets that --bucket names (all without it)."""
+    chosen = getattr(args, "bucket", ())
+    return [b for b in space.buckets(fam) if not chosen or b.name in chosen]
+
+
 def study_name(args: argparse.Namespace, fam: space.Family, bucket: space.Bucket) -> str:
     return f"{args.study}:{fam.name}:{bucket.name}"
 
 
 def run(args: argparse.Namespace) -> int:
     families = space.families(args.arch, args.dtype, args.hdim, args.mask, args.direction)
+    known = {b.name for fam in families for b in space.buckets(fam)}
+    if unknown := set(getattr(args, "bucket", ())) - known:
+        print(f"--bucket: unknown {sorted(unknown)}; these families have {sorted(known)}", file=sys.stderr)
+        return 2
     if args.dry_run:
         return dry_run(families)
     if args.precompile:
@@ -114,7 +124,7 @@ def _tune(args: argparse.Namespace, families: list[space.Family]) -> int:
     workers = args.jobs or os.cpu_count() or 1
     with ProcessPoolExecutor(max_workers=workers) as pool, Progress(transient=True) as progress:
         for fam in families:
-            start, fam_buckets, previous = time.monotonic(), space.buckets(fam), None
+            start, fam_buckets, previous = time.monotonic(), selected_buckets(args, fam), None
             db = database.load(fam.arch, args.database)  # per family: run() writes it after each one
             for i, bucket in enumerate(fam_buckets):
                 # Bucket i may run until i+1 equal shares of the family's time budget have passed.
@@ -127,7 +137,7 @@ def _tune(args: argparse.Namespace, families: list[space.Family]) -> int:
                 study = open_study(study_name(args, fam, bucket), args.storage, args.seed)
                 study.set_user_attr("default", {"config": default.name, "ms": sum(default_ms), "shape_ms": default_ms})
                 study.set_user_attr("device", {"gpu": gpu, "driver": driver})
-                for params in sibling_params(db, fam, bucket):
+                for params in seed_params(db, fam, bucket):
                     study.enqueue_trial(params, skip_if_exists=True)  # a resumed study already holds them
                 if previous is not None:
                     warm_start(study, previous)
@@ -182,7 +192,7 @@ def _collect(args: argparse.Namespace, families: list[space.Family]) -> int:
     for col in ("family", "bucket", "best", "ms", "default", "default ms", "speedup", "trials"):
         table.add_column(col, justify="right" if "ms" in col or col in ("speedup", "trials") else "left")
     for fam in families:
-        for bucket in space.buckets(fam):
+        for bucket in selected_buckets(args, fam):
             study = open_study(study_name(args, fam, bucket), args.storage, args.seed)
             default, device = study.user_attrs.get("default"), study.user_attrs.get("device", {})
             if default is None:
