@@ -98,8 +98,12 @@ static PyObject *launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     _Alignas(64) unsigned char buf[MAX_PARAM_BYTES];  /* TMA maps in the struct need 64-byte alignment */
     if (pack_into(buf, args[9], args[10], base) < 0) return NULL;
     void *kernel_params[1] = {buf};
-    int err = cu_launch_kernel(function, dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], stream,
-                               kernel_params, NULL);
+    int err;
+    /* A launch blocks while the stream's queue is full: let other Python threads run meanwhile, as ctypes did. */
+    Py_BEGIN_ALLOW_THREADS
+    err = cu_launch_kernel(function, dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], stream,
+                           kernel_params, NULL);
+    Py_END_ALLOW_THREADS
     return PyLong_FromLong(err);
 }
 
