@@ -59,7 +59,8 @@ static Py_ssize_t pack_into(unsigned char *dest, PyObject *params, PyObject *pat
         if (PyErr_Occurred()) return -1;
         offset += patch_base;
         if (offset < 0 || offset + 8 > size) {
-            PyErr_Format(PyExc_ValueError, "flash_gen: patch at byte %zd outside the %zd-byte parameters", offset, size);
+            PyErr_Format(PyExc_ValueError, "flash_gen: patch at byte %zd outside the %zd-byte parameters", offset,
+                         size);
             return -1;
         }
         memcpy(dest + offset, &value, 8);

@@ -1,8 +1,8 @@
 """The CUDA driver layer: load a cubin into a device's primary context and launch its kernel.
 
 Kernels take one by-value parameter struct (`__global__ void k(const __grid_constant__ Params p)`), passed
-from a ctypes.Structure through the C launcher (_launch.c) or, without it, ctypes. PyTorch runs on each device's primary context, so modules are loaded there and
-launch on PyTorch's streams.
+from a ctypes.Structure through the C launcher (_launch.c) or, without it, ctypes. PyTorch runs on each
+device's primary context, so modules are loaded there and launch on PyTorch's streams.
 
 Importing this module does not initialise CUDA (cuInit runs in load_kernel). torch is imported only inside
 device_arch. Must not import anything under flash_gen.build.
