@@ -48,6 +48,7 @@ class Shape:
     nheads: int
     dtype: str
     direction: str = "fwd"
+    softcap: float = 0.0  # flash_gen's only (the peers are off)
 
     @property
     def flops(self) -> float:
@@ -62,16 +63,20 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         print(f"--peers: unknown {unknown}; choose from {list(PEERS)}", file=sys.stderr)
         return 2
+    if args.softcap and args.peers:
+        print("--softcap: SDPA has no softcap; pass --peers= to time flash_gen alone", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("flash-gen bench needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
         return 2
     timer_name, timer = median_timer()
-    impls = {"flash_gen": (contextlib.nullcontext, _flash_gen)}
+    impls = {"flash_gen": (contextlib.nullcontext, functools.partial(_flash_gen, softcap=args.softcap))}
     for name in args.configs:
         if args.direction == "fwd":
-            impl = functools.partial(_flash_gen, config=fwd_tilings.config_from_name(name))
+            impl = functools.partial(_flash_gen, config=fwd_tilings.config_from_name(name), softcap=args.softcap)
         else:
-            impl = functools.partial(_flash_gen_bwd_config, config=bwd_tilings.config_from_name(name))
+            impl = functools.partial(_flash_gen_bwd_config, config=bwd_tilings.config_from_name(name),
+                                     softcap=args.softcap)
         impls[f"fg:{name}"] = (contextlib.nullcontext, impl)
     impls.update({p: (functools.partial(sdpa_kernel, PEERS[p]), _sdpa) for p in args.peers})
     l2_bytes = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0)
@@ -85,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
             nheads=max(1, args.model_dim // hdim),
             dtype=args.dtype,
             direction=args.direction,
+            softcap=args.softcap,
         )
         results.append(_bench_shape(shape, impls, timer, args.repeats, l2_bytes or FALLBACK_L2_BYTES))
         _print_row(results[-1])
@@ -106,24 +112,25 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _flash_gen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, config=None) -> torch.Tensor:
+def _flash_gen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, config=None,
+               softcap: float = 0.0) -> torch.Tensor:
     """flash_gen's forward as a user calls it, or (with `config`) forced to one tiling through the runtime."""
     if config is None:
-        return flash_gen.flash_attn_func(q, k, v, causal=causal)
+        return flash_gen.flash_attn_func(q, k, v, causal=causal, softcap=softcap)
     from flash_gen.runtime.fwd import attention_fwd
 
     return attention_fwd(q, k, v, softmax_scale=q.shape[-1] ** -0.5, causal=causal, window_size=(-1, -1),
-                         softcap=0.0, alibi_slopes=None, config=config)[0]
+                         softcap=softcap, alibi_slopes=None, config=config)[0]
 
 
 class _ForcedBackward(torch.autograd.Function):
     """flash_gen's default forward with its backward forced to one tiling (fg:NAME columns of fwd+bwd runs)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal: bool, config: BwdTiling):
+    def forward(ctx, q, k, v, causal: bool, config: BwdTiling, softcap: float):
         from flash_gen.runtime.fwd import attention_fwd
 
-        ctx.attn = dict(softmax_scale=q.shape[-1] ** -0.5, causal=causal, window_size=(-1, -1), softcap=0.0,
+        ctx.attn = dict(softmax_scale=q.shape[-1] ** -0.5, causal=causal, window_size=(-1, -1), softcap=softcap,
                         alibi_slopes=None)
         out, lse = attention_fwd(q, k, v, **ctx.attn)
         ctx.save_for_backward(q, k, v, out, lse)
@@ -138,12 +145,12 @@ class _ForcedBackward(torch.autograd.Function):
         grads = tuple(torch.empty_like(t) for t in (q, k, v))
         attention_bwd(dout.contiguous(), q, k, v, out, lse, *grads, deterministic=False, config=ctx.config,
                       **ctx.attn)
-        return (*grads, None, None)
+        return (*grads, None, None, None)
 
 
 def _flash_gen_bwd_config(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                          config: BwdTiling) -> torch.Tensor:
-    return _ForcedBackward.apply(q, k, v, causal, config)
+                          config: BwdTiling, softcap: float = 0.0) -> torch.Tensor:
+    return _ForcedBackward.apply(q, k, v, causal, config, softcap)
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
@@ -200,7 +207,7 @@ def _bench_shape(shape: Shape, impls: dict, timer: Callable, repeats: int, l2_by
         "ms": ms,
         "tflops": {name: shape.flops / (t * 1e-3) / 1e12 if t else None for name, t in ms.items()},
         "errors": errors,
-        "max_abs_diff": _max_abs_diff(sets[0], shape.causal),
+        "max_abs_diff": None if shape.softcap else _max_abs_diff(sets[0], shape.causal),  # SDPA has no softcap
     }
 
 

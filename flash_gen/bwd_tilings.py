@@ -5,6 +5,7 @@ torch or cuda.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Union
 
 from flash_gen import spec_bwd, spec_bwd_sm90
@@ -14,11 +15,20 @@ from flash_gen.spec_bwd_sm90 import Sm90BwdConfig
 BwdTiling = Union[BwdConfig, Sm90BwdConfig]
 
 
-def default_config(key: BwdKey) -> BwdTiling:
-    """The Hopper kernel where it supports `key` (1.2x the portable kernel's fwd+bwd at head dim 128 on the H200,
-    docs/benchmarks.md), else the portable kernel's default."""
+def default_configs(key: BwdKey) -> tuple[BwdTiling, ...]:
+    """`key`'s chain of default tilings, fastest first: the Hopper kernel where it supports `key` (1.2x the
+    portable kernel's fwd+bwd at head dim 128 on the H200, docs/benchmarks.md), then without its dK/dV overlap,
+    then the portable kernel's (spec_bwd.bwd_fallbacks). The runtime takes the first that compiles without
+    spills (flash_gen.build.spill_free)."""
     hopper = spec_bwd_sm90.default_sm90_bwd_config(key)
-    return hopper if spec_bwd_sm90.sm90_bwd_infeasible_reason(key, hopper) is None else spec_bwd.default_bwd_config(key)
+    chain = [hopper, dataclasses.replace(hopper, overlap=False)] if hopper.overlap else [hopper]
+    chain = [c for c in chain if spec_bwd_sm90.sm90_bwd_infeasible_reason(key, c) is None]
+    return (*chain, *spec_bwd.bwd_fallbacks(key))
+
+
+def default_config(key: BwdKey) -> BwdTiling:
+    """The head of default_configs: the tiling tuned entries are measured against."""
+    return default_configs(key)[0]
 
 
 def config_from_name(name: str) -> BwdTiling:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from flash_gen import bwd_tilings, fwd_tilings, spec, spec_bwd
+from flash_gen.build import spill_free
 from flash_gen.build.batches import Compiled, compile_batch, plan_batches  # noqa: F401  (re-exported)
 
 
@@ -78,18 +79,24 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     from rich.progress import track
     from rich.table import Table
 
-    batches = plan_batches(_variants(args), args.jobs)
+    variants = _variants(args)
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        jobs = track(pool.map(compile_batch, batches), total=len(batches), description="compiling", transient=True)
-        done = [c for batch in jobs for c in batch]
+        if args.configs:
+            batches = plan_batches(variants, args.jobs)
+            jobs = track(pool.map(compile_batch, batches), total=len(batches), description="compiling", transient=True)
+            done = [c for batch in jobs for c in batch]
+        else:  # each default that spills is followed by its fallback tiling, as the runtime would run it
+            done = spill_free.compile_resolved(variants, args.jobs, pool)
+    # Without --configs a key's last compile is what the runtime runs; the spilling ones before it are replaced.
+    runs = {id(c) for c in ({c.key: c for c in done}.values() if not args.configs else done)}
 
     table = Table(title=f"{len(done)} kernels ({'chosen' if args.configs else 'default'} configs)")
     for col in ("kernel", "config", "regs", "spill st", "spill ld", "stack", "smem static+dyn", "batch s", "status"):
         table.add_column(col, justify="left" if col in ("kernel", "config", "status") else "right")
     for c in done:
         r = c.result
-        status = ("[green]ok" if c.ok else "[red]FAILED" if r is None else "[red]spills" if r.spills
-                  else "[red]wgmma serialized")
+        status = ("[green]ok" if c.ok else "[red]FAILED" if r is None else "[yellow]spills: fell back"
+                  if id(c) not in runs else "[red]spills" if r.spills else "[red]wgmma serialized")
         nums = ("-",) * 5 if r is None else (
             r.registers, r.spill_stores, r.spill_loads, r.stack_frame, f"{r.static_smem}+{_smem(c.key, c.cfg)}"
         )
@@ -109,9 +116,9 @@ def _cmd_compile(args: argparse.Namespace) -> int:
                 (args.out / f"{c.entry}.ptx").write_text(c.result.ptx)
                 (args.out / f"{c.entry}.cubin").write_bytes(c.result.cubin)
         console.print(f"wrote sources, PTX and cubins to {args.out}")
-    bad = sum(not c.ok for c in done)
+    bad = sum(not c.ok for c in done if id(c) in runs)
     if bad:
-        console.print(f"[red]{bad} of {len(done)} kernels failed to compile, spilled or had their wgmmas serialized")
+        console.print(f"[red]{bad} of {len(runs)} kernels failed to compile, spilled or had their wgmmas serialized")
     return 1 if bad else 0
 
 
@@ -155,7 +162,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
             recs = [r for (a, _), r in lib.records.items() if a == arch]
             print(f"{arch}: library {lib.root}: {len(recs)} kernels")
             for r in sorted(recs, key=lambda r: r.entry):
-                print(f"  {r.key or r.entry:58s} {r.config:20s} regs={r.registers} smem={r.smem}")
+                print(f"  {r.key or r.entry:58s} {r.config:20s} regs={r.registers} spills={r.spills} smem={r.smem}")
     for arch, count in cache.info()["entries"].items():
         if arch in args.arch:
             print(f"{arch}: cache {cache.info()['dir']}: {count} kernels")
@@ -168,9 +175,12 @@ def _cmd_info(args: argparse.Namespace) -> int:
     from flash_gen.build import library
 
     key = spec_bwd.bwd_key_from_name(args.key) if args.key.startswith("bwd") else spec.key_from_name(args.key)
-    default = bwd_tilings.default_config(key) if args.key.startswith("bwd") else fwd_tilings.default_config(key)
+    chain = spill_free.chain(key)
+    default = chain[0]
     smem = _smem(key, default)
     print(f"{key.name}: default tiling {default.name} ({default.num_threads} threads, {smem} B shared memory)")
+    if len(chain) > 1:
+        print(f"  where it spills, the first that does not of: {', '.join(c.name for c in chain[1:])}")
     for bucket, e in sorted(tuned.shipped(key.arch).entries.get(key.name, {}).items()):
         stale = "" if tuned.tuned_config(key, bucket) else f" (stale: tuned against {e.default_config}, unused)"
         print(f"  tuned {bucket}: {e.config}{stale} {e.ms:.3f} ms vs default {e.default_ms:.3f} ms ({e.speedup:.2f}x) "
@@ -178,7 +188,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
     for lib in library.installed(key.arch):
         for r in lib.records.values():
             if r.key == key.name:
-                print(f"  library {lib.root}: {r.config} registers={r.registers} smem={r.smem} threads={r.threads}")
+                print(f"  library {lib.root}: {r.config} registers={r.registers} spills={r.spills} smem={r.smem} "
+                      f"threads={r.threads}")
     return 0
 
 
@@ -213,6 +224,8 @@ def _add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also time flash_gen forced to these tilings, as fg:NAME columns: forward tilings "
                         "(FwdConfig names, e.g. m128n64w4s2) with --direction fwd, backward tilings (BwdConfig names, "
                         "e.g. m64n128w8a242s2) with fwd+bwd")
+    parser.add_argument("--softcap", type=float, default=0.0,
+                        help="flash_gen's softcap (SDPA has none: run with --peers= to time flash_gen alone)")
     parser.add_argument("--json", default="bench_fwd.json", help="write every number here (default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=3, help="timings per cell, interleaved; the median is kept")
 

@@ -138,15 +138,15 @@ def bwd_infeasible_reason(key: BwdKey, cfg: BwdConfig) -> str | None:
     return None
 
 
-# Starting points, FA2's Sm90 tilings first; default_bwd_config takes the feasible one that pads the head dim
-# least, then the earliest. Timings: docs/benchmarks.md, "Backward tilings".
+# Starting points, FA2's Sm90 tilings first, fastest first where measured. Timings: docs/benchmarks.md, "Backward
+# tilings". A key's chain (bwd_fallbacks) is the feasible ones, least head-dim padding first; the runtime runs the
+# first that compiles without spills (flash_gen.build.spill_free).
 _BWD_PREFS = (
     BwdConfig(128, 128, 8, 2, 4, 4, 2),  # hd <= 64: 8% faster fwd+bwd than 64x128 on the H200 (spills 12-16 B)
     # hd <= 128: S/dP split 4 x 2 over the warps, dK/dV 2 x 4. With FA2's 2 x 4 / 4 x 2 (a242) ptxas spilled
     # 48-52 B on sm80/sm100 and 36-40 B on sm90 at hd 128; this one spills none on sm80 (4-12 B on sm90, NVRTC
     # 13.0) for 2.5% less fwd+bwd on the H200 (docs/benchmarks.md, "Backward tilings").
     BwdConfig(64, 128, 8, 4, 2, 2, 2),
-    BwdConfig(64, 128, 8, 2, 4, 2, 1),
     BwdConfig(64, 64, 8, 4, 2, 2, 2),  # hd <= 256
     BwdConfig(64, 64, 8, 4, 2, 2, 1),
     BwdConfig(64, 64, 4, 2, 4, 4, 1),  # no head-dim split: no padding beyond 16
@@ -154,11 +154,16 @@ _BWD_PREFS = (
 )
 
 
-def default_bwd_config(key: BwdKey) -> BwdConfig:
+def bwd_fallbacks(key: BwdKey) -> tuple[BwdConfig, ...]:
+    """The feasible starting points for `key`, least head-dim padding first, then in _BWD_PREFS order."""
     feasible = [c for c in _BWD_PREFS if bwd_infeasible_reason(key, c) is None]
     if not feasible:
         raise AssertionError(f"no default backward config fits {key.name}")  # spec tests cover every key
-    return min(feasible, key=lambda c: bwd_head_dim_mma(key, c))
+    return tuple(sorted(feasible, key=lambda c: bwd_head_dim_mma(key, c)))  # stable: ties keep their order
+
+
+def default_bwd_config(key: BwdKey) -> BwdConfig:
+    return bwd_fallbacks(key)[0]
 
 
 def enumerate_bwd_keys(

@@ -156,13 +156,21 @@ def main() -> int:
     args = parser.parse_args()
     os.environ["FLASH_GEN_CACHE_DIR"] = str(args.out.resolve())  # inherited by the worker processes
 
-    from flash_gen.build import batches
-    from flash_gen.build import cache
+    from flash_gen.build import cache, spill_free
     from flash_gen.gen.render import entry_name, render_many
 
-    todo = sorted(variants(args.arch, tuple(args.suites.split(","))), key=lambda v: (v[0].name, v[1].name))
+    # The plan: the suites' variants, plus the fallback of each cached default that spills (the runtime runs that
+    # one instead, flash_gen.build.spill_free); compile_resolved adds those of the kernels compiled below.
+    plan, missing = [], []
+    pending = sorted(variants(args.arch, tuple(args.suites.split(","))), key=lambda v: (v[0].name, v[1].name))
+    while pending:
+        hits = [(v, cache.lookup(render_many([v]), entry_name(*v), args.arch)) for v in pending]
+        plan += pending
+        missing += [v for v, hit in hits if hit is None]
+        pending = [(k, nxt) for (k, c), hit in hits if hit is not None and hit[1]["spills"]
+                   and (nxt := spill_free.fallback(k, c)) is not None]
     if args.prune:
-        keep = {cache.cache_key(render_many([v]), entry_name(*v), args.arch) for v in todo}
+        keep = {cache.cache_key(render_many([v]), entry_name(*v), args.arch) for v in plan}
         for meta in (args.out / args.arch).glob("*/*.json"):  # a kept kernel may share another's cubin file
             if meta.stem in keep:
                 keep.add(Path(json.loads(meta.read_text()).get("cubin_file", meta.name)).stem)
@@ -171,23 +179,22 @@ def main() -> int:
             f.unlink()
         print(f"pruned {len(stale)} files; {len(keep)} kernels planned")
         return 0
-    cached = [v for v in todo if cache.lookup(render_many([v]), entry_name(*v), args.arch) is not None]
-    todo = [v for v in todo if v not in cached]
-    print(f"{len(cached)} kernels already in {args.out}", flush=True)
-    units = batches.plan_batches(todo, args.jobs)
-    print(f"{len(todo)} kernels in {len(units)} batches -> {args.out}", flush=True)
+    print(f"{len(plan) - len(missing)} kernels already in {args.out}; {len(missing)} to compile", flush=True)
     start = time.perf_counter()
     failed = 0
+
+    def report(batch: list) -> None:
+        nonlocal failed
+        for c in batch:
+            if c.result is None:
+                failed += 1
+                print(f"  {c.entry}: {(c.error or '').splitlines()[0]}", flush=True)
+            elif c.result.spills:  # kept: the tests check spilling tilings too (e.g. _qreg)
+                print(f"  {c.entry}: spills {c.result.spill_stores} bytes", flush=True)
+        print(f"  batch of {len(batch)} ({batch[0].key.name}...) in {batch[0].seconds:.0f} s", flush=True)
+
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        for batch in pool.map(batches.compile_batch, units):
-            for c in batch:
-                if c.result is None:
-                    failed += 1
-                    print(f"  {c.entry}: {(c.error or '').splitlines()[0]}", flush=True)
-                elif c.result.spills:  # kept: the tests check spilling tilings too (e.g. _qreg)
-                    print(f"  {c.entry}: spills {c.result.spill_stores} bytes", flush=True)
-            print(f"  batch of {len(batch)} ({batch[0].key.name}...) in "
-                  f"{batch[0].seconds:.0f} s", flush=True)
+        spill_free.compile_resolved(missing, args.jobs, pool, on_batch=report)
     print(f"done in {time.perf_counter() - start:.0f} s, {failed} failed")
     if args.archive:
         with tarfile.open(args.archive, "w:xz") as tar:

@@ -17,7 +17,7 @@ import pytest
 from flash_gen import cli
 from flash_gen.gen.render import entry_name, render_fwd
 from flash_gen.spec import FwdConfig, FwdKey, default_config, enumerate_configs, enumerate_keys, smem_bytes
-from flash_gen.bwd_tilings import default_config as bwd_default
+from flash_gen.build import spill_free
 from flash_gen.spec_bwd import BwdKey
 from flash_gen.spec_bwd_sm90 import Sm90BwdConfig
 
@@ -30,14 +30,11 @@ MATRIX = (
     FwdKey("sm100", "fp16", 160, "causal", alibi=True, varlen=True),
     # backward: every arch, both dQ orders, every feature, a padded head dim, the three tiling families
     BwdKey("sm80", "bf16", 128, "causal"),
+    BwdKey("sm80", "bf16", 64, "none"),  # its default (128 x 128) spills on sm80: the runtime falls back
     BwdKey("sm90", "fp16", 72, "local", softcap=True, alibi=True, varlen=True, deterministic=True),
     BwdKey("sm90", "bf16", 128, "local", alibi=True, varlen=True),  # the Hopper backward at its register limit
     BwdKey("sm100", "bf16", 256, "none"),
 )
-
-
-def _default(key):
-    return bwd_default(key) if isinstance(key, BwdKey) else default_config(key)
 
 
 def test_every_key_renders_with_its_default_config():
@@ -62,14 +59,20 @@ def test_render_rejects_infeasible_config():
 
 
 @pytest.fixture(scope="module")
-def compiled(tmp_path_factory):
-    """Every MATRIX key compiled alone with its default config, through the CLI's worker (which also fills the
-    kernel cache), two processes at a time."""
+def resolved(tmp_path_factory):
+    """Every compile of the MATRIX keys' default chains the way the runtime walks them (each default that spills
+    followed by its fallback, flash_gen.build.spill_free), through the CLI's worker (which also fills the kernel
+    cache), two processes at a time."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("FLASH_GEN_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
         with ProcessPoolExecutor(max_workers=2) as pool:
-            batches = list(pool.map(cli.compile_batch, [[(k, _default(k))] for k in MATRIX]))
-        yield {k: batch[0] for k, batch in zip(MATRIX, batches)}
+            yield spill_free.compile_resolved([(k, spill_free.chain(k)[0]) for k in MATRIX], 2, pool)
+
+
+@pytest.fixture(scope="module")
+def compiled(resolved):
+    """MATRIX key -> the compile the runtime runs (the last of its chain's)."""
+    return {c.key: c for c in resolved}
 
 
 @pytest.mark.parametrize("key", MATRIX, ids=lambda k: k.name)
@@ -82,11 +85,20 @@ def test_representative_kernel_compiles_without_spills(compiled, key: FwdKey | B
     assert 0 < r.registers <= 255
     assert (r.spill_stores, r.spill_loads, r.stack_frame) == (0, 0, 0), f"{c.entry} spills on {key.arch}"
     # The MMAs are the tensor-core path, not a scalar fallback.
-    if isinstance(_default(key), Sm90BwdConfig):
+    if isinstance(c.cfg, Sm90BwdConfig):
         assert "wgmma.mma_async.sync.aligned" in r.ptx
         return
     assert re.search(r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.(bf16|f16)", r.ptx)
     assert "cp.async.cg.shared.global" in r.ptx and "ldmatrix.sync.aligned" in r.ptx
+
+
+def test_a_spilling_default_is_replaced_by_its_fallback(resolved):
+    """sm80 backward at head dim 64: 128 x 128 holds S, dP, dK and dV (192 fp32 registers per thread) and spills
+    (NVRTC 13.0); the runtime runs the next tiling of the chain, which does not."""
+    key = BwdKey("sm80", "bf16", 64, "none")
+    tried = [c for c in resolved if c.key == key]
+    assert [c.cfg for c in tried] == list(spill_free.chain(key)[: len(tried)])
+    assert len(tried) >= 2 and tried[0].result.spills and not tried[-1].result.spills
 
 
 def test_batched_compile_matches_single_compiles(compiled, tmp_path, monkeypatch):

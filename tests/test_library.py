@@ -45,7 +45,7 @@ def test_build_is_incremental_and_found_by_the_loader(tmp_path, monkeypatch, hel
     monkeypatch.setenv("FLASH_GEN_LIBRARY", str(out))
     library.installed.cache_clear()
     source, entry = render.render_combine("sm90", "bf16"), render.combine_entry("sm90", "bf16")
-    assert library.find(source, entry, "sm90") == (out / lib.records[("sm90", entry)].cubin).read_bytes()
+    assert library.find(source, entry, "sm90") == ((out / lib.records[("sm90", entry)].cubin).read_bytes(), 0)
     monkeypatch.setenv("FLASH_GEN_NO_JIT", "1")  # and the cache never had to be asked
     assert cache.lookup(source, entry, "sm90") is None
     library.installed.cache_clear()
@@ -137,3 +137,62 @@ def test_dispatch_prefers_the_hopper_kernel_and_drops_stale_entries(monkeypatch)
     assert fwd._config(key, "s<=1k") == hopper
     assert fwd._config(key, "s>4k") == Sm90FwdConfig(96, 3, pingpong=False)
     assert list(tuned.live_configs("sm90")) == [(key, Sm90FwdConfig(96, 3, pingpong=False))]
+
+
+def _fake_compile(spilling: set):
+    """A stand-in for build.batches.compile_batch: no NVRTC; the tilings in `spilling` report 8 B of spills."""
+    from types import SimpleNamespace
+
+    from flash_gen.build.batches import Compiled
+
+    def compile_batch(variants):
+        out = []
+        for key, cfg in variants:
+            entry = render.entry_name(key, cfg)
+            spills = 8 if cfg in spilling else 0
+            result = SimpleNamespace(cubin=b"\x7fELF" + entry.encode(), registers=255, spill_stores=spills,
+                                     spill_loads=spills, spills=bool(spills))
+            out.append(Compiled(key, cfg, entry, "", result, 0.0, None))
+        return out
+
+    return compile_batch
+
+
+def test_build_adds_the_fallback_of_a_spilling_default(tmp_path, monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from flash_gen.build import spill_free
+    from flash_gen.spec_bwd import BwdKey
+
+    key = BwdKey("sm80", "bf16", 64, "none")
+    head, second, third = spill_free.chain(key)[:3]
+    monkeypatch.setattr(make_library, "plan", lambda arch: [(key, head)])
+    monkeypatch.setattr(make_library, "helpers", lambda arch: [])
+    monkeypatch.setattr(make_library, "ProcessPoolExecutor", ThreadPoolExecutor)
+    monkeypatch.setattr(make_library, "compile_batch", _fake_compile({head, second}))
+    out = tmp_path / "lib"
+    assert make_library.build(("sm80",), out, jobs=1, progress=lambda _: None) == (3, 0)
+    records = library.Library.open(out).records
+    assert [records[("sm80", render.entry_name(key, c))].spills for c in (head, second, third)] == [16, 16, 0]
+    assert make_library.build(("sm80",), out, jobs=1, progress=lambda _: None) == (0, 3)  # walked from the manifest
+
+
+def test_runtime_takes_the_first_spill_free_tiling_of_the_chain(monkeypatch):
+    from flash_gen.build import spill_free
+    from flash_gen.runtime import loader
+    from flash_gen.spec_bwd import BwdKey
+
+    key = BwdKey("sm80", "bf16", 128, "causal", varlen=True, deterministic=True)
+    chain = spill_free.chain(key)
+    spilling = {render.entry_name(key, c) for c in chain[:2]}
+    asked = []
+
+    def obtain(source, entry, arch, options=()):
+        asked.append(entry)
+        return b"", 12 if entry in spilling else 0
+
+    monkeypatch.setattr(library, "obtain", obtain)
+    assert loader.spill_free_config(key) == chain[2] and len(asked) == 3
+    spilling = {render.entry_name(key, c) for c in chain}
+    assert loader.spill_free_config(key) == chain[0]  # all spill: the head, with a warning in the log
+    assert spill_free.fallback(key, chain[-1]) is None and spill_free.fallback(key, object()) is None

@@ -2,7 +2,7 @@
 compiled ahead of time into a folder with a manifest, so calls on common shapes never wait for NVRTC.
 
 Layout: `<dir>/manifest.json` (per arch: entry point -> key, config, launch shape, the cache key of the source
-that built it, registers, cubin file and its sha256) and `<dir>/<arch>/<sha256>.cubin` (kernels compiled
+that built it, registers and spill bytes, cubin file and its sha256) and `<dir>/<arch>/<sha256>.cubin` (kernels compiled
 together share one cubin file). A manifest entry is used only when its cache key equals the one the runtime
 computes for the kernel it wants (same source, headers, options, NVRTC and flash_gen version), so a library built
 by another version is ignored (with a warning) and the kernel comes from the cache or JIT instead. Writes are
@@ -23,7 +23,7 @@ from flash_gen import settings
 from flash_gen.build import cache, nvrtc
 from flash_gen.version import FLASH_GEN_VERSION
 
-FORMAT = 1
+FORMAT = 2  # 2: records carry their spill bytes
 MANIFEST = "manifest.json"
 
 
@@ -39,6 +39,7 @@ class Record:
     cubin: str  # path relative to the library folder
     sha256: str
     registers: int
+    spills: int  # spill stores + loads, bytes (the runtime skips a spilling default: flash_gen.build.spill_free)
     smem: int  # dynamic shared memory the launch asks for
     threads: int
 
@@ -70,8 +71,8 @@ class Library:
         cache._atomic_write(path, (json.dumps(body, indent=1, sort_keys=True) + "\n").encode())
         return path
 
-    def cubin(self, arch: str, entry: str, source_key: str) -> bytes | None:
-        """The cubin for this kernel if the library holds the same build of it, else None."""
+    def cubin(self, arch: str, entry: str, source_key: str) -> tuple[bytes, int] | None:
+        """(cubin, spill bytes) of this kernel if the library holds the same build of it, else None."""
         rec = self.records.get((arch, entry))
         if rec is None:
             return None
@@ -90,7 +91,7 @@ class Library:
             warnings.warn(f"flash_gen: corrupt library cubin {self.root / rec.cubin}; using the cache / JIT instead",
                           RuntimeWarning, stacklevel=3)
             return None
-        return data
+        return data, rec.spills
 
     def add(self, record: Record, cubin: bytes) -> None:
         path = self.root / record.cubin  # named by its sha256: shared by the kernels compiled together
@@ -111,17 +112,34 @@ def installed(arch: str) -> tuple[Library, ...]:
     spec = importlib.util.find_spec(f"flash_gen_kernels_{arch}")
     if spec is not None and spec.submodule_search_locations:
         roots.append(Path(next(iter(spec.submodule_search_locations))))
-    return tuple(Library.open(r) for r in roots if (r / MANIFEST).exists())
+    libs = []
+    for root in roots:
+        if (root / MANIFEST).exists():
+            try:
+                libs.append(Library.open(root))
+            except ValueError as e:  # another flash_gen's library: the cache / JIT serve instead
+                warnings.warn(f"flash_gen: {e}; ignoring it", RuntimeWarning, stacklevel=2)
+    return tuple(libs)
 
 
-def find(source: str, entry: str, arch: str, options: tuple[str, ...] = ()) -> bytes | None:
-    """The cubin of this kernel from an installed library, or None (the caller goes to the cache / JIT)."""
+def find(source: str, entry: str, arch: str, options: tuple[str, ...] = ()) -> tuple[bytes, int] | None:
+    """(cubin, spill bytes) of this kernel from an installed library, or None (the caller goes to the cache /
+    JIT)."""
     libs = installed(arch)
     if not libs:
         return None
     key = cache.cache_key(source, entry, arch, options)
     for lib in libs:
-        data = lib.cubin(arch, entry, key)
-        if data is not None:
-            return data
+        hit = lib.cubin(arch, entry, key)
+        if hit is not None:
+            return hit
     return None
+
+
+def obtain(source: str, entry: str, arch: str, options: tuple[str, ...] = ()) -> tuple[bytes, int]:
+    """(cubin, spill bytes) of this kernel: from an installed library, else the cache, else compiled by NVRTC."""
+    hit = find(source, entry, arch, options)
+    if hit is None:
+        cubin, meta = cache.get_or_compile(source, entry, arch, options)
+        hit = cubin, meta["spill_stores"] + meta["spill_loads"]
+    return hit

@@ -1,7 +1,7 @@
-"""`flash-gen build`: compile the variants the tuning database names, plus the defaults of a common key set and
-the head-dim-generic helper kernels, into a library folder (flash_gen.build.library) on a machine with or without
-a GPU. Incremental: a variant whose manifest record has the current source key and an intact cubin is kept.
-Must not import torch.
+"""`flash-gen build`: compile the variants the tuning database names, plus the defaults of a common key set (with
+the fallback tiling the runtime runs where a default spills) and the head-dim-generic helper kernels, into a
+library folder (flash_gen.build.library) on a machine with or without a GPU. Incremental: a variant whose
+manifest record has the current source key and an intact cubin is kept. Must not import torch.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from flash_gen import bwd_tilings, fwd_tilings, spec, spec_bwd, tuned
-from flash_gen.build import cache, nvrtc
+from flash_gen.build import cache, nvrtc, spill_free
 from flash_gen.build.batches import compile_batch, plan_batches
 from flash_gen.build.library import Library, Record
 from flash_gen.gen import render
@@ -67,21 +67,26 @@ def build(archs: tuple[str, ...], out: Path, jobs: int, progress: Callable[[str]
     lib = Library.open(out) if (out / "manifest.json").exists() else Library(out)
     compiled = kept = 0
     for arch in archs:
-        variants = plan(arch)
-        keys = {render.entry_name(k, c): cache.cache_key(render.render_many([(k, c)]), render.entry_name(k, c), arch)
-                for k, c in variants}
-        todo = [v for v in variants if not _current(lib, arch, render.entry_name(*v), keys[render.entry_name(*v)])]
-        kept += len(variants) - len(todo)
-        progress(f"{arch}: {len(variants)} variants, {len(todo)} to compile")
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            for batch in pool.map(compile_batch, plan_batches(todo, jobs)):
-                for c in batch:
-                    if c.result is None:
-                        raise RuntimeError(f"{c.entry}: {c.error}")
-                    smem, threads = _launch_shape(c.key, c.cfg)
-                    _add(lib, arch, c.entry, c.key.name, c.cfg.name, keys[c.entry], c.result, smem, threads)
-                    compiled += 1
-                progress(f"  {batch[0].key.name} ... ({len(batch)} kernels)")
+        pending = plan(arch)
+        progress(f"{arch}: {len(pending)} variants")
+        while pending:  # then, in rounds, the fallback tiling of each default that spilled (build.spill_free)
+            keys = {render.entry_name(k, c): cache.cache_key(render.render_many([(k, c)]), render.entry_name(k, c),
+                                                             arch) for k, c in pending}
+            todo = [v for v in pending if not _current(lib, arch, render.entry_name(*v), keys[render.entry_name(*v)])]
+            kept += len(pending) - len(todo)
+            progress(f"  {len(todo)} to compile, {len(pending) - len(todo)} up to date")
+            with ProcessPoolExecutor(max_workers=jobs) as pool:
+                for batch in pool.map(compile_batch, plan_batches(todo, jobs)):
+                    for c in batch:
+                        if c.result is None:
+                            raise RuntimeError(f"{c.entry}: {c.error}")
+                        smem, threads = _launch_shape(c.key, c.cfg)
+                        _add(lib, arch, c.entry, c.key.name, c.cfg.name, keys[c.entry], c.result, smem, threads)
+                        compiled += 1
+                    progress(f"  {batch[0].key.name} ... ({len(batch)} kernels)")
+            pending = [(k, nxt) for k, c in pending
+                       if lib.records[(arch, render.entry_name(k, c))].spills
+                       and (nxt := spill_free.fallback(k, c)) is not None]
         for source_fn, entries in helpers(arch):
             source = source_fn()
             skeys = {e: cache.cache_key(source, e, arch) for e in entries}
@@ -99,7 +104,8 @@ def _add(lib: Library, arch: str, entry: str, key: str, config: str, source_key:
          threads: int) -> None:
     sha = hashlib.sha256(result.cubin).hexdigest()
     rec = Record(entry=entry, arch=arch, key=key, config=config, source_key=source_key, cubin=f"{arch}/{sha}.cubin",
-                 sha256=sha, registers=result.registers, smem=smem, threads=threads)
+                 sha256=sha, registers=result.registers, spills=result.spill_stores + result.spill_loads, smem=smem,
+                 threads=threads)
     lib.add(rec, result.cubin)
 
 

@@ -112,7 +112,7 @@ def _variant(device: int, dtype: str, head_dim: int, mask: str, softcap: bool, a
     var = _variants.get(lookup)
     if var is None:
         key = BwdKey(driver.device_arch(device), dtype, head_dim, mask, softcap, alibi, varlen, deterministic)
-        cfg = config or _forced_config(key) or tuned_config(key, bucket) or bwd_tilings.default_config(key)
+        cfg = config or _forced_config(key) or tuned_config(key, bucket) or loader.spill_free_config(key)
         why = bwd_tilings.infeasible_reason(key, cfg)
         if why is not None:
             raise ValueError(f"config: {cfg.name} cannot run {key.name}: {why}")

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from flash_gen.build import cache, library
+from flash_gen.build import library, spill_free
+from flash_gen.gen.render import entry_name, render_many
 from flash_gen.runtime import driver
 
 _kernels: dict[tuple, driver.Kernel] = {}
@@ -32,8 +33,13 @@ def get_kernel(
     kernel = _kernels.get(memo_key)
     if kernel is None:
         source = source_fn()
-        cubin = library.find(source, entry, arch, options)  # prebuilt first, then the cache, then NVRTC
-        if cubin is None:
-            cubin, _ = cache.get_or_compile(source, entry, arch, options)
+        cubin, _ = library.obtain(source, entry, arch, options)  # prebuilt first, then the cache, then NVRTC
         kernel = _kernels[memo_key] = driver.load_kernel(cubin, entry, smem_bytes, device)
     return kernel
+
+
+def spill_free_config(key):
+    """The first tiling of `key`'s default chain that compiles without spills (flash_gen.build.spill_free),
+    found through the library, the cache or NVRTC. Called once per key per process: the caller keeps the plan."""
+    return spill_free.choose(key, lambda cfg: library.obtain(render_many([(key, cfg)]), entry_name(key, cfg),
+                                                             key.arch)[1])
