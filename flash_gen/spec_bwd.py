@@ -138,25 +138,30 @@ def bwd_infeasible_reason(key: BwdKey, cfg: BwdConfig) -> str | None:
     return None
 
 
-# Starting points, FA2's Sm90 tilings first, fastest first where measured. Timings: docs/benchmarks.md, "Backward
-# tilings". A key's chain (bwd_fallbacks) is the feasible ones, least head-dim padding first; the runtime runs the
-# first that compiles without spills (flash_gen.build.spill_free).
+# Starting points with the largest head dim each is tried at, fastest first where measured (fwd+bwd on the H200,
+# docs/benchmarks.md, "Backward tilings" and "No default spills"). A key's chain (bwd_fallbacks) is the feasible
+# ones, least head-dim padding first; the runtime runs the first that compiles without spills
+# (flash_gen.build.spill_free), so the later ones are what sm80/sm100 (or a heavy feature set) fall back to.
 _BWD_PREFS = (
-    BwdConfig(128, 128, 8, 2, 4, 4, 2),  # hd <= 64: 8% faster fwd+bwd than 64x128 on the H200 (spills 12-16 B)
+    (BwdConfig(128, 128, 8, 2, 4, 4, 2), 256),  # hd <= 64: 8% faster than 64x128 (spills on sm80 and sm100)
+    (BwdConfig(64, 128, 8, 2, 4, 4, 2), 64),  # a244: the fastest 64x128 at hd 64, 4-5% over a422
     # hd <= 128: S/dP split 4 x 2 over the warps, dK/dV 2 x 4. With FA2's 2 x 4 / 4 x 2 (a242) ptxas spilled
     # 48-52 B on sm80/sm100 and 36-40 B on sm90 at hd 128; this one spills none on sm80 (4-12 B on sm90, NVRTC
-    # 13.0) for 2.5% less fwd+bwd on the H200 (docs/benchmarks.md, "Backward tilings").
-    BwdConfig(64, 128, 8, 4, 2, 2, 2),
-    BwdConfig(64, 64, 8, 4, 2, 2, 2),  # hd <= 256
-    BwdConfig(64, 64, 8, 4, 2, 2, 1),
-    BwdConfig(64, 64, 4, 2, 4, 4, 1),  # no head-dim split: no padding beyond 16
-    BwdConfig(32, 64, 8, 2, 2, 2, 2),  # softcap at hd > 128
+    # 13.0) for 2.5% less fwd+bwd on the H200.
+    (BwdConfig(64, 128, 8, 4, 2, 2, 2), 256),
+    (BwdConfig(64, 64, 8, 4, 2, 2, 2), 256),  # hd <= 256
+    (BwdConfig(64, 64, 8, 4, 2, 2, 1), 256),
+    (BwdConfig(64, 64, 8, 2, 2, 4, 1), 256),  # a224s1: hd 256 where a422s1 spills; 4% below it, 4% above 32x64
+    (BwdConfig(64, 64, 4, 2, 4, 4, 1), 256),  # no head-dim split: no padding beyond 16
+    (BwdConfig(64, 128, 8, 2, 4, 4, 1), 96),  # hd 96 + softcap: 1-4% over the 4-warp one, which spills there
+    (BwdConfig(64, 64, 4, 4, 4, 4, 2), 256),  # a444s2: the 4-warp one's speed at hd 96, spill-free where it spills
+    (BwdConfig(32, 64, 8, 2, 2, 2, 2), 256),  # softcap at hd > 128
 )
 
 
 def bwd_fallbacks(key: BwdKey) -> tuple[BwdConfig, ...]:
     """The feasible starting points for `key`, least head-dim padding first, then in _BWD_PREFS order."""
-    feasible = [c for c in _BWD_PREFS if bwd_infeasible_reason(key, c) is None]
+    feasible = [c for c, max_hd in _BWD_PREFS if key.head_dim <= max_hd and bwd_infeasible_reason(key, c) is None]
     if not feasible:
         raise AssertionError(f"no default backward config fits {key.name}")  # spec tests cover every key
     return tuple(sorted(feasible, key=lambda c: bwd_head_dim_mma(key, c)))  # stable: ties keep their order
