@@ -6,6 +6,7 @@ Must not import torch or cuda.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Union
 
 from flash_gen import spec, spec_sm90
@@ -15,11 +16,25 @@ from flash_gen.spec_sm90 import Sm90FwdConfig
 FwdTiling = Union[FwdConfig, Sm90FwdConfig]
 
 
+def default_configs(key: FwdKey) -> tuple[FwdTiling, ...]:
+    """`key`'s chain of default tilings, fastest first: the Hopper kernel's default where it supports `key`
+    (1.5-1.9x the portable kernel on the H200, docs/benchmarks.md), then the portable kernel's
+    (spec.default_configs). The runtime takes the first that compiles without spills (flash_gen.build.spill_free)."""
+    hopper = spec_sm90.default_sm90_config(key)
+    if hopper is None:
+        return spec.default_configs(key)
+    # Lighter Hopper tilings before the portable kernel (NVRTC 13.0, softcap + ALiBi): at head dim 64 three consumer
+    # warpgroups (192 rows, 128 registers each) spill 8-28 B where two (168 each) do not; at 256 and packed,
+    # 64-key steps spill 8-24 B where 48-key steps do not.
+    lighter = [dataclasses.replace(hopper, block_m=128)] if hopper.block_m == 192 else []
+    lighter += [dataclasses.replace(hopper, block_n=48)] if hopper.block_n == 64 else []
+    return (hopper, *(c for c in lighter if spec_sm90.sm90_infeasible_reason(key, c) is None),
+            *spec.default_configs(key))
+
+
 def default_config(key: FwdKey) -> FwdTiling:
-    """The Hopper kernel's default where it supports `key` (1.5-1.9x the portable kernel on the H200,
-    docs/benchmarks.md), else the portable kernel's."""
-    cfg = spec_sm90.default_sm90_config(key)
-    return cfg if cfg is not None else spec.default_config(key)
+    """The head of default_configs: the tiling tuned entries are measured against."""
+    return default_configs(key)[0]
 
 
 def config_from_name(name: str) -> FwdTiling:

@@ -116,6 +116,7 @@ def test_dispatch_picks_the_tuned_tiling_per_bucket(monkeypatch):
     db.record(key.name, "s<=1k", tuned.Entry("m128n64w4s2_qreg", 1.0, default_config(key).name, 1.1, "gpu", "drv",
                                              "now", 3))
     monkeypatch.setattr(tuned, "shipped", lambda arch: db)
+    monkeypatch.setattr(library, "obtain", lambda source, entry, arch, options=(): (b"", 0))  # no NVRTC: no spills
     assert fwd._config(key, "s<=1k") == config_from_name("m128n64w4s2_qreg")
     assert fwd._config(key, "s>4k") == default_config(key)  # no entry: the default
     monkeypatch.setenv("FLASH_GEN_FWD_CONFIG", "m64n64w4s1")  # a forced tiling wins
@@ -192,7 +193,10 @@ def test_runtime_takes_the_first_spill_free_tiling_of_the_chain(monkeypatch):
         return b"", 12 if entry in spilling else 0
 
     monkeypatch.setattr(library, "obtain", obtain)
+    monkeypatch.setattr(loader, "_spill_free", {})
     assert loader.spill_free_config(key) == chain[2] and len(asked) == 3
+    assert loader.spill_free_config(key) == chain[2] and len(asked) == 3  # once per key and process
     spilling = {render.entry_name(key, c) for c in chain}
+    loader._spill_free.clear()
     assert loader.spill_free_config(key) == chain[0]  # all spill: the head, with a warning in the log
     assert spill_free.fallback(key, chain[-1]) is None and spill_free.fallback(key, object()) is None

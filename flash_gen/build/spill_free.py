@@ -1,5 +1,5 @@
 """No default kernel spills registers: each kernel key has a chain of default tilings, fastest first
-(flash_gen.bwd_tilings.default_configs; a forward key's chain is its one default), and the tiling that runs is the
+(flash_gen.fwd_tilings.default_configs, flash_gen.bwd_tilings.default_configs), and the tiling that runs is the
 first of the chain whose ptxas report shows no spill stores or loads. Which tiling spills depends on the arch, the
 features and NVRTC's version (at backward head dim 128, ALiBi or a packed batch tips a 255-register kernel over
 on sm80), so it is decided by compiling, not by a table.
@@ -22,7 +22,7 @@ from flash_gen.spec_bwd import BwdKey
 
 def chain(key) -> tuple:
     """`key`'s default tilings, fastest first."""
-    return bwd_tilings.default_configs(key) if isinstance(key, BwdKey) else (fwd_tilings.default_config(key),)
+    return bwd_tilings.default_configs(key) if isinstance(key, BwdKey) else fwd_tilings.default_configs(key)
 
 
 def fallback(key, cfg):

@@ -121,14 +121,14 @@ def _variant(
 
 
 def _config(key: FwdKey, bucket: str) -> FwdTiling:
-    """FLASH_GEN_FWD_CONFIG where feasible, else the tuning database's entry for the bucket, else the default
-    (the Hopper kernel where it supports the key)."""
+    """FLASH_GEN_FWD_CONFIG where feasible, else the tuning database's entry for the bucket, else the first
+    default that compiles without spills (the Hopper kernel where it supports the key)."""
     forced = settings.fwd_config()
     if forced is not None:
         cfg = fwd_tilings.config_from_name(forced)
         if fwd_tilings.infeasible_reason(key, cfg) is None:
             return cfg
-    return tuned_config(key, bucket) or fwd_tilings.default_config(key)
+    return tuned_config(key, bucket) or loader.spill_free_config(key)
 
 
 class FwdPlan:

@@ -38,8 +38,14 @@ def get_kernel(
     return kernel
 
 
+_spill_free: dict = {}  # kernel key -> its chosen tiling
+
+
 def spill_free_config(key):
     """The first tiling of `key`'s default chain that compiles without spills (flash_gen.build.spill_free),
-    found through the library, the cache or NVRTC. Called once per key per process: the caller keeps the plan."""
-    return spill_free.choose(key, lambda cfg: library.obtain(render_many([(key, cfg)]), entry_name(key, cfg),
-                                                             key.arch)[1])
+    found through the library, the cache or NVRTC once per key and process."""
+    cfg = _spill_free.get(key)
+    if cfg is None:
+        cfg = _spill_free[key] = spill_free.choose(
+            key, lambda c: library.obtain(render_many([(key, c)]), entry_name(key, c), key.arch)[1])
+    return cfg
