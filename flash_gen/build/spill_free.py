@@ -13,19 +13,23 @@ candidates itself, and a forced one is the user's choice. Must not import torch.
 from __future__ import annotations
 
 from concurrent.futures import Executor
-from typing import Callable, Sequence
+from typing import Callable, Sequence, Union
 
 from flash_gen import bwd_tilings, fwd_tilings, settings
 from flash_gen.build.batches import Compiled, compile_batch, plan_batches
+from flash_gen.spec import FwdKey
 from flash_gen.spec_bwd import BwdKey
 
+Key = Union[FwdKey, BwdKey]
+Tiling = Union[fwd_tilings.FwdTiling, bwd_tilings.BwdTiling]
 
-def chain(key) -> tuple:
+
+def chain(key: Key) -> tuple[Tiling, ...]:
     """`key`'s default tilings, fastest first."""
     return bwd_tilings.default_configs(key) if isinstance(key, BwdKey) else fwd_tilings.default_configs(key)
 
 
-def fallback(key, cfg):
+def fallback(key: Key, cfg: Tiling) -> Tiling | None:
     """The tiling to try after `cfg` spilled for `key`: the next in `key`'s chain, or None when `cfg` is the
     chain's last or not in it."""
     tilings = chain(key)
@@ -33,7 +37,7 @@ def fallback(key, cfg):
     return tilings[i] if i < len(tilings) else None
 
 
-def choose(key, spill_bytes: Callable[[object], int]):
+def choose(key: Key, spill_bytes: Callable[[Tiling], int]) -> Tiling:
     """The first tiling of `key`'s chain for which `spill_bytes(tiling)` (which compiles it, or finds it compiled)
     is 0; the chain's head, logged, when every one spills."""
     cfg = chain(key)[0]

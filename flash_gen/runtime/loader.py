@@ -38,10 +38,10 @@ def get_kernel(
     return kernel
 
 
-_spill_free: dict = {}  # kernel key -> its chosen tiling
+_spill_free: dict[spill_free.Key, spill_free.Tiling] = {}  # kernel key -> its chosen tiling
 
 
-def spill_free_config(key):
+def spill_free_config(key: spill_free.Key) -> spill_free.Tiling:
     """The first tiling of `key`'s default chain that compiles without spills (flash_gen.build.spill_free),
     found through the library, the cache or NVRTC once per key and process."""
     cfg = _spill_free.get(key)
