@@ -146,8 +146,8 @@ _BWD_PREFS = (
     (BwdConfig(128, 128, 8, 2, 4, 4, 2), 256),  # hd <= 64: 8% faster than 64x128 (spills on sm80 and sm100)
     (BwdConfig(64, 128, 8, 2, 4, 4, 2), 64),  # a244: the fastest 64x128 at hd 64, 4-5% over a422
     # hd <= 128: S/dP split 4 x 2 over the warps, dK/dV 2 x 4. With FA2's 2 x 4 / 4 x 2 (a242) ptxas spilled
-    # 48-52 B on sm80/sm100 and 36-40 B on sm90 at hd 128; this one spills none on sm80 (4-12 B on sm90, NVRTC
-    # 13.0) for 2.5% less fwd+bwd on the H200.
+    # 48-52 B on sm80/sm100 and 36-40 B on sm90 at hd 128; this one spills none on sm80 without deterministic dQ
+    # or a packed batch (4-12 B on sm90, NVRTC 13.0) for 2.5% less fwd+bwd on the H200.
     (BwdConfig(64, 128, 8, 4, 2, 2, 2), 256),
     (BwdConfig(64, 64, 8, 4, 2, 2, 2), 256),  # hd <= 256
     (BwdConfig(64, 64, 8, 4, 2, 2, 1), 256),

@@ -167,8 +167,7 @@ def main() -> int:
         hits = [(v, cache.lookup(render_many([v]), entry_name(*v), args.arch)) for v in pending]
         plan += pending
         missing += [v for v, hit in hits if hit is None]
-        pending = [(k, nxt) for (k, c), hit in hits if hit is not None and hit[1]["spills"]
-                   and (nxt := spill_free.fallback(k, c)) is not None]
+        pending = spill_free.fallbacks(v for v, hit in hits if hit is not None and hit[1]["spills"])
     if args.prune:
         keep = {cache.cache_key(render_many([v]), entry_name(*v), args.arch) for v in plan}
         for meta in (args.out / args.arch).glob("*/*.json"):  # a kept kernel may share another's cubin file

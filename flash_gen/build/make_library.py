@@ -84,9 +84,7 @@ def build(archs: tuple[str, ...], out: Path, jobs: int, progress: Callable[[str]
                         _add(lib, arch, c.entry, c.key.name, c.cfg.name, keys[c.entry], c.result, smem, threads)
                         compiled += 1
                     progress(f"  {batch[0].key.name} ... ({len(batch)} kernels)")
-            pending = [(k, nxt) for k, c in pending
-                       if lib.records[(arch, render.entry_name(k, c))].spills
-                       and (nxt := spill_free.fallback(k, c)) is not None]
+            pending = spill_free.fallbacks(v for v in pending if lib.records[(arch, render.entry_name(*v))].spills)
         for source_fn, entries in helpers(arch):
             source = source_fn()
             skeys = {e: cache.cache_key(source, e, arch) for e in entries}

@@ -13,7 +13,7 @@ candidates itself, and a forced one is the user's choice. Must not import torch.
 from __future__ import annotations
 
 from concurrent.futures import Executor
-from typing import Callable, Sequence, Union
+from typing import Callable, Iterable, Sequence, Union
 
 from flash_gen import bwd_tilings, fwd_tilings, settings
 from flash_gen.build.batches import Compiled, compile_batch, plan_batches
@@ -35,6 +35,11 @@ def fallback(key: Key, cfg: Tiling) -> Tiling | None:
     tilings = chain(key)
     i = tilings.index(cfg) + 1 if cfg in tilings else len(tilings)
     return tilings[i] if i < len(tilings) else None
+
+
+def fallbacks(spilled: Iterable[tuple[Key, Tiling]]) -> list[tuple[Key, Tiling]]:
+    """The next round of a chain walk: (key, next tiling) for each (key, tiling) that spilled and has a next."""
+    return [(k, nxt) for k, c in spilled if (nxt := fallback(k, c)) is not None]
 
 
 def choose(key: Key, spill_bytes: Callable[[Tiling], int]) -> Tiling:
@@ -63,6 +68,5 @@ def compile_resolved(variants: Sequence[tuple], jobs: int, pool: Executor,
             on_batch(batch)
             rnd += batch
         done += rnd
-        pending = [(c.key, nxt) for c in rnd
-                   if c.result is not None and c.result.spills and (nxt := fallback(c.key, c.cfg)) is not None]
+        pending = fallbacks((c.key, c.cfg) for c in rnd if c.result is not None and c.result.spills)
     return done
