@@ -5,18 +5,25 @@ copy ceiling measured in the same run.
 
 GQA 32 query / 8 KV heads, head dim 128, bf16; (batch, cache length) pairs from 1 x 8k to 128 x 8k (capped at
 2^20 cached tokens); contiguous cache and paged caches with pages of 16 and 256 rows; cache_seqlens a tensor
-(every entry full); num_splits from the heuristic. Bandwidth counts the K and V bytes the step must read
-(2 * batch * cache_len * 8 heads * 128 * 2 B) over the median time of a CUDA-graph replay of one call (as
-serving engines run decode steps; eager calls of small shapes measure Python launch overhead instead: --eager),
-timed with triton.testing.do_bench via flash_gen.bench.median_timer; the ceiling is a device-to-device copy of
-1 GiB (bytes read + written). SDPA (PyTorch's pick of backend, enable_gqa, unmasked) on the contiguous cache is
-timed alongside. GPU only.
+(every entry full); num_splits from the heuristic. Bandwidth counts the K and V bytes a step must read
+(2 * batch * cache_len * 8 heads * 128 * 2 B) over the step's time.
+
+A step is timed as a model decodes: one CUDA graph (eager calls with --eager) runs the step for L layers, each
+with its own cache, L chosen so the caches total at least 4x the L2 size; the step time is the median replay
+time / L. So no step finds its K/V in L2, as when a model's other layers ran in between, and none pays for
+writing back dirty lines either (--flush times one call after an L2 flush by triton.testing.do_bench instead,
+as the tables before 2026-12-01 did: the flush leaves L2 full of dirty lines whose write-back the step then
+pays). The ceiling is a device-to-device copy of 1 GiB (bytes read + written). Timed alongside: SDPA
+(PyTorch's pick of backend, enable_gqa, unmasked) on the contiguous cache, and a read-only kernel summing
+the same K/V bytes (triton), the floor of any kernel that reads them. GPU only.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import statistics
 import sys
 from datetime import datetime, timezone
 
@@ -24,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 import flash_gen
-from flash_gen.bench import median_timer
+from flash_gen.bench import FALLBACK_L2_BYTES, median_timer
 
 SHAPES = [(1, 8192), (1, 32768), (1, 131072), (8, 8192), (8, 32768), (32, 8192), (32, 32768), (128, 1024),
           (128, 8192)]
@@ -50,11 +57,47 @@ def copy_ceiling(timer) -> float:
     return 2 * src.numel() * 2 / (timer(lambda: dst.copy_(src)) * 1e-3) / 1e12  # TB/s
 
 
+def replay_ms(fn, graph: bool, reps: int = 30) -> float:
+    """Median ms of fn (a CUDA-graph replay of it unless graph is False), timed call by call with CUDA events."""
+    run = graphed(fn) if graph else fn
+    for _ in range(3):
+        run()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def read_kernel():
+    """A triton kernel summing K and V (the floor of any kernel reading those bytes), or None without triton."""
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError:
+        return None
+
+    @triton.jit
+    def read_sum(k, v, out, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        total = tl.sum(tl.load(k + offs).to(tl.float32)) + tl.sum(tl.load(v + offs).to(tl.float32))
+        tl.atomic_add(out, total)
+
+    out = torch.zeros(1, device="cuda")
+    block = 8192
+    return lambda k, v: read_sum[(k.numel() // block,)](k, v, out, BLOCK=block)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seqlen-q", default="1,4")
     p.add_argument("--json", default="bench_decode.json")
     p.add_argument("--eager", action="store_true", help="time eager calls instead of CUDA-graph replays")
+    p.add_argument("--flush", action="store_true", help="time one call after an L2 flush instead of rotating caches")
     p.add_argument("--num-splits", type=int, default=0, help="split-KV count (0: flash_gen's heuristic)")
     p.add_argument("--shapes", default="", help="batch x cache pairs, e.g. 1x8192,8x8192 (default: the table's)")
     args = p.parse_args()
@@ -64,42 +107,53 @@ def main() -> int:
     timer_name, timer = median_timer()
     ceiling = copy_ceiling(timer)
     print(f"copy ceiling {ceiling:.2f} TB/s ({timer_name})", flush=True)
+    l2_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size or FALLBACK_L2_BYTES
+    read = read_kernel()
     rows = []
     for sq in (int(x) for x in args.seqlen_q.split(",")):
         shapes = [tuple(int(x) for x in pair.split("x")) for pair in args.shapes.split(",")] if args.shapes else SHAPES
         for batch, length in shapes:
-            q = torch.randn(batch, sq, NHEADS, HDIM, device="cuda", dtype=torch.bfloat16)
-            k = torch.randn(batch, length, NHEADS_K, HDIM, device="cuda", dtype=torch.bfloat16)
-            v = torch.randn_like(k)
+            kv_bytes = 2 * batch * length * NHEADS_K * HDIM * 2
+            layers = 1 if args.flush else max(2, math.ceil(4 * l2_bytes / kv_bytes))
+            qs = [torch.randn(batch, sq, NHEADS, HDIM, device="cuda", dtype=torch.bfloat16) for _ in range(layers)]
+            ks = [torch.randn(batch, length, NHEADS_K, HDIM, device="cuda", dtype=torch.bfloat16)
+                  for _ in range(layers)]
+            vs = [torch.randn_like(k) for k in ks]
             seqlens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
-            kv_bytes = 2 * k.numel() * k.element_size()
-            row = {"seqlen_q": sq, "batch": batch, "cache": length, "tbps": {}}
-            cells = {"contiguous": (k, v, None)}
+            row = {"seqlen_q": sq, "batch": batch, "cache": length, "layers": layers, "tbps": {}}
+            steps = {}  # column -> the step of one layer
+            steps["contiguous"] = lambda i: flash_gen.flash_attn_with_kvcache(
+                qs[i], ks[i], vs[i], cache_seqlens=seqlens, causal=True, num_splits=args.num_splits)
             for page in (16, 256):
-                pages = length // page
-                table = torch.arange(batch * pages, dtype=torch.int32, device="cuda").view(batch, pages)
-                cells[f"paged {page}"] = (k.view(batch * pages, page, NHEADS_K, HDIM),
-                                          v.view(batch * pages, page, NHEADS_K, HDIM), table)
-            for name, (kc, vc, table) in cells.items():
-                fn = lambda: flash_gen.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens,  # noqa: E731
-                                                               block_table=table, causal=True,
-                                                               num_splits=args.num_splits)
-                fn()
-                row["tbps"][name] = kv_bytes / (timer(fn if args.eager else graphed(fn)) * 1e-3) / 1e12
-            qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
-            try:
-                # Unmasked: SDPA's is_causal aligns to the top-left corner, which would hide almost the whole cache.
-                sdpa = lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)  # noqa: E731
-                sdpa()
-                row["tbps"]["SDPA contiguous"] = kv_bytes / (timer(sdpa if args.eager else graphed(sdpa)) * 1e-3) / 1e12
-            except Exception as e:  # noqa: BLE001 - an unavailable peer shows n/a
-                row["tbps"]["SDPA contiguous"] = None
-                row["error"] = f"{type(e).__name__}: {e}"
+                table = torch.arange(batch * (length // page), dtype=torch.int32, device="cuda").view(batch, -1)
+                steps[f"paged {page}"] = lambda i, page=page, table=table: flash_gen.flash_attn_with_kvcache(
+                    qs[i], ks[i].view(-1, page, NHEADS_K, HDIM), vs[i].view(-1, page, NHEADS_K, HDIM),
+                    cache_seqlens=seqlens, block_table=table, causal=True, num_splits=args.num_splits)
+            # Unmasked: SDPA's is_causal aligns to the top-left corner, which would hide almost the whole cache.
+            steps["SDPA contiguous"] = lambda i: F.scaled_dot_product_attention(
+                qs[i].transpose(1, 2), ks[i].transpose(1, 2), vs[i].transpose(1, 2), enable_gqa=True)
+            if read is not None:
+                steps["K/V read"] = lambda i: read(ks[i], vs[i])
+            for name, step in steps.items():
+                def fn(step=step):
+                    for i in range(layers):
+                        step(i)
+                try:
+                    fn()
+                    if args.flush:
+                        ms = timer(fn if args.eager else graphed(fn))
+                    else:
+                        ms = replay_ms(fn, graph=not args.eager) / layers
+                    row["tbps"][name] = kv_bytes / (ms * 1e-3) / 1e12
+                except Exception as e:  # noqa: BLE001 - an unavailable peer shows n/a
+                    row["tbps"][name] = None
+                    row.setdefault("errors", {})[name] = f"{type(e).__name__}: {e}"
             rows.append(row)
             print(row, flush=True)
-            del q, k, v, cells
+            del qs, ks, vs, steps
     names = list(rows[0]["tbps"])
-    mode = "eager calls" if args.eager else "CUDA-graph replays"
+    mode = ("eager calls" if args.eager else "CUDA-graph replays") + (
+        ", one call after an L2 flush" if args.flush else ", each step on its own cache (caches >= 4x L2)")
     print(f"\nDecoding, GQA {NHEADS}/{NHEADS_K} heads, hdim {HDIM}, bf16 on {torch.cuda.get_device_name()}, {mode}: "
           f"K/V TB/s (fraction of the {ceiling:.2f} TB/s copy ceiling)")
     print("| seqlen_q | batch | cache | " + " | ".join(names) + " |")
@@ -110,8 +164,7 @@ def main() -> int:
     with open(args.json, "w") as f:
         json.dump({"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                    "device": torch.cuda.get_device_name(), "torch": torch.__version__, "ceiling_tbps": ceiling,
-                   "mode": mode,
-                   "rows": rows}, f, indent=2)
+                   "mode": mode, "rows": rows}, f, indent=2)
     return 0
 
 
