@@ -154,7 +154,8 @@ def main() -> int:
                     row.setdefault("errors", {})[name] = f"{type(e).__name__}: {e}"
             rows.append(row)
             print(row, flush=True)
-            del qs, ks, vs, kvcache, transposed, steps, peers
+            for held in (qs, ks, vs, kvcache, transposed):  # free this shape's caches before the next one's
+                held.clear()
     names = list(rows[0]["tbps"])
     mode = ("eager calls" if args.eager else "CUDA-graph replays") + (
         ", one call after an L2 flush" if args.flush else ", each step on its own cache (caches >= 4x L2)")
