@@ -10,8 +10,9 @@ GQA 32 query / 8 KV heads, head dim 128, bf16; (batch, cache length) pairs from 
 
 A step is timed as a model decodes: one CUDA graph (eager calls with --eager) runs the step for L layers, each
 with its own cache, L chosen so the caches total at least 4x the L2 size; the step time is the median replay
-time / L. So no step finds its K/V in L2, as when a model's other layers ran in between, and none pays for
-writing back dirty lines either (--flush times one call after an L2 flush by triton.testing.do_bench instead,
+time / L (CUDA events per replay, flash_gen.bench.events_median: do_bench's scheme without its flush). So no
+step finds its K/V in L2, as when a model's other layers ran in between, and none pays for writing back dirty
+lines either (--flush times one call after an L2 flush by triton.testing.do_bench instead,
 as the tables before 2026-12-01 did: the flush leaves L2 full of dirty lines whose write-back the step then
 pays). The ceiling is a device-to-device copy of 1 GiB (bytes read + written). Timed alongside: SDPA
 (PyTorch's pick of backend, enable_gqa, unmasked) on the contiguous cache, and a read-only kernel summing
@@ -23,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
 from datetime import datetime, timezone
 
@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 import flash_gen
-from flash_gen.bench import FALLBACK_L2_BYTES, median_timer
+from flash_gen.bench import FALLBACK_L2_BYTES, events_median, median_timer
 
 SHAPES = [(1, 8192), (1, 32768), (1, 131072), (8, 8192), (8, 32768), (32, 8192), (32, 32768), (128, 1024),
           (128, 8192)]
@@ -55,22 +55,6 @@ def copy_ceiling(timer) -> float:
     src = torch.empty(2**29, dtype=torch.bfloat16, device="cuda")
     dst = torch.empty_like(src)
     return 2 * src.numel() * 2 / (timer(lambda: dst.copy_(src)) * 1e-3) / 1e12  # TB/s
-
-
-def replay_ms(fn, graph: bool, reps: int = 30) -> float:
-    """Median ms of fn (a CUDA-graph replay of it unless graph is False), timed call by call with CUDA events."""
-    run = graphed(fn) if graph else fn
-    for _ in range(3):
-        run()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def read_kernel():
@@ -145,7 +129,7 @@ def main() -> int:
                     if args.flush:
                         ms = timer(fn if args.eager else graphed(fn))
                     else:
-                        ms = replay_ms(fn, graph=not args.eager) / layers
+                        ms = events_median(fn if args.eager else graphed(fn)) / layers
                     row["tbps"][name] = kv_bytes / (ms * 1e-3) / 1e12
                 except Exception as e:  # noqa: BLE001 - an unavailable peer shows n/a; flash_gen's errors raise
                     if name not in peers:
