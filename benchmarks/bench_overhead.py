@@ -235,7 +235,7 @@ def forward_steps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict[str
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     return {
         "torch.empty_like (out)": lambda: torch.empty_like(q, memory_format=torch.contiguous_format),
-        "q.new_empty (lse)": lambda: q.new_empty(plan.shape.lse_shape, dtype=torch.float32),
+        "torch.empty_like (lse, from the plan's template)": lambda: torch.empty_like(plan.lse_like),
         "api: check_attn_args": lambda: check_attn_args(0.0, None, False, (-1, -1), 0.0, None, False, False),
         "ops._checked (memo hit)": lambda: ops._checked(q, k, v, *attn),
         "runtime: parameter template + address patches": lambda: (template(), patches()),

@@ -57,10 +57,12 @@ def _checked(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q, cu_seqlens_k, softma
              window_right, softcap, alibi_slopes) -> _Checked:
     memo_key = None
     if cu_seqlens_q is None and cu_seqlens_k is None:
+        # get_device(): an int, cheaper to get and hash than a torch.device (-1 off CUDA: never validated)
         alibi = None if alibi_slopes is None else (alibi_slopes.shape, alibi_slopes.stride(), alibi_slopes.dtype,
-                                                   alibi_slopes.device)
-        memo_key = (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device, v.shape,
-                    v.stride(), v.dtype, v.device, softmax_scale, causal, window_left, window_right, softcap, alibi)
+                                                   alibi_slopes.get_device())
+        memo_key = (q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), k.dtype, k.get_device(),
+                    v.shape, v.stride(), v.dtype, v.get_device(), softmax_scale, causal, window_left, window_right,
+                    softcap, alibi)
         entry = _checked_memo.get(memo_key)
         if entry is not None and not (q.data_ptr() | k.data_ptr() | v.data_ptr()) % VECTOR_BYTES:
             return entry

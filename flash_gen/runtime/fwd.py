@@ -136,10 +136,13 @@ class FwdPlan:
     arguments fix: the variant, the parameter template, the grid. flash_gen.ops keeps one per validated
     argument layout, so a repeated eager call goes straight to run_fwd."""
 
-    __slots__ = ("var", "shape", "grid")
+    __slots__ = ("var", "shape", "grid", "lse_like")
 
-    def __init__(self, var: _Variant, shape: _Shape, grid: tuple[int, int, int]) -> None:
+    def __init__(self, var: _Variant, shape: _Shape, grid: tuple[int, int, int], device: torch.device) -> None:
         self.var, self.shape, self.grid = var, shape, grid
+        # softmax_lse's shape, dtype and device over one float: torch.empty_like of it allocates a contiguous lse
+        # faster than new_empty(shape, dtype=) parses its arguments.
+        self.lse_like = torch.empty((), dtype=torch.float32, device=device).expand(shape.lse_shape)
 
 
 def plan_fwd(
@@ -178,7 +181,7 @@ def plan_fwd(
         tiles = grid[0] * grid[1] * grid[2]
         resident = driver.sm_count(device) * var.cfg.ctas_per_sm
         grid = (min(tiles, resident) if var.cfg.persistent else tiles, 1, 1)
-    return FwdPlan(var, shape, grid)
+    return FwdPlan(var, shape, grid, q.device)
 
 
 def run_fwd(
@@ -196,7 +199,7 @@ def run_fwd(
     var, shape = plan.var, plan.shape
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)  # cheaper than torch.empty(shape, ...)
-    lse = q.new_empty(shape.lse_shape, dtype=torch.float32)  # cheaper than torch.empty(..., device=)
+    lse = torch.empty_like(plan.lse_like)
     stream = torch._C._cuda_getCurrentRawStream(q.device.index)  # as Inductor's code reads it: no Stream object
     if block_table is not None:  # paged (portable kernel only): the whole struct, set field by field
         p = _fill(shape, q, k, v, out, lse, alibi_slopes)

@@ -204,16 +204,31 @@ __device__ __forceinline__ void fwd_kernel(FwdParams const& p) {
   Tensor tKVcKV = load_thr.partition_D(cKV);
 
   const int q_rows = rows_q - row0;
+  // Pages of the next key tile to load (a paged cache): a page per copied row, or one per tile when pages hold
+  // whole tiles. Fetched when a tile's V is issued, for the tile after it (tiles load in decreasing order).
+  PageLookahead<T::kKv == KvLayout::kPaged ? decltype(size<1>(tKsK))::value : 1> pages(p);
+  auto fetch_pages = [&](int n) {
+    const int rows = seqlen_k - n * kBlockN, first = seq.k_start + n * kBlockN;
+    pages.fetch(p, batch, n, [&](int i) {
+      if constexpr (T::kKv == KvLayout::kPaged) {
+        const int r = get<0>(tKVcKV(0, i, 0));
+        return r < rows ? first + r : -1;
+      } else {
+        return first;
+      }
+    });
+  };
   // Key tile n of K or V: `origin` is the entry's first row (dense and contiguous caches), `cache` the head's
   // element 0 of a paged tensor.
   auto load_cache_tile = [&](const Element* origin, const Element* cache, int64_t page_stride, int64_t row_stride,
                              auto&& dst, int n) {
     const int row = seq.k_start + n * kBlockN;  // the tile's first row in the entry's cache rows
+    if (p.block_table != nullptr && pages.tile != n) fetch_pages(n);
     if constexpr (T::kKv == KvLayout::kPaged) {
-      auto row_ptr = [&](int r) { return paged_row(p, cache, page_stride, row_stride, batch, row + r); };
+      auto row_ptr = [&](int m, int r) { return cache + pages.offset(p, m, row + r, page_stride, row_stride); };
       copy_rows_zfill(load, row_ptr, dst, tKVcKV, seqlen_k - n * kBlockN, T::kHeadDim);
     } else {
-      const Element* tile = p.block_table != nullptr ? paged_row(p, cache, page_stride, row_stride, batch, row)
+      const Element* tile = p.block_table != nullptr ? cache + pages.offset(p, 0, row, page_stride, row_stride)
                                                      : origin + int64_t(n) * kBlockN * row_stride;
       Tensor g = make_tensor(make_gmem_ptr(tile), Shape<Int<kBlockN>, Int<kD>>{}, make_stride(row_stride, _1{}));
       copy_zfill(load, load_thr.partition_S(g), dst, tKVcKV, seqlen_k - n * kBlockN, T::kHeadDim);
@@ -233,6 +248,7 @@ __device__ __forceinline__ void fwd_kernel(FwdParams const& p) {
     } else {
       load_cache_tile(v_ptr, static_cast<const Element*>(p.v) + head_k * p.v_head_stride, p.v_batch_stride,
                       p.v_row_stride, tVsV(_, _, _, stage), n);
+      if (p.block_table != nullptr && n > n_min) fetch_pages(n - 1);  // K and V of tile n are issued
     }
   };
 
@@ -265,7 +281,7 @@ __device__ __forceinline__ void fwd_kernel(FwdParams const& p) {
 
   // Prologue: Q and the first K (and, with a multi-stage ring, the first kStages-1 K/V tiles).
   if constexpr (T::kPackGqa) {
-    auto q_row = [&](int r) {
+    auto q_row = [&](int, int r) {
       const int R = row0 + r;
       return q_ptr + (R / group) * p.q_row_stride + (R % group) * p.q_head_stride;
     };

@@ -29,27 +29,65 @@ __device__ __forceinline__ int kv_cache_rows(FwdParams const& p, int batch, SeqI
   return min(max(entry, 0), p.kv_batches - 1);
 }
 
-// Address of cache row `row` (0 = the entry's first row) of a paged K or V tensor whose element 0 of head
-// `head_k` is `cache`.
-template <class Element>
-__device__ __forceinline__ const Element* paged_row(FwdParams const& p, const Element* cache, int64_t page_stride,
-                                                    int64_t row_stride, int batch, int row) {
-  const int page = min(max(p.block_table[batch * p.block_table_stride + row / p.page_size], 0), p.kv_batches - 1);
-  return cache + page * page_stride + (row % p.page_size) * row_stride;
-}
+// n / d for a divisor fixed for the whole kernel (the page size): a multiply-high, an add and a shift instead of
+// an integer division per looked-up row (Granlund and Montgomery's round-up method; exact for 0 <= n < 2^31).
+struct FastDiv {
+  int d;
+  uint32_t mul, shift;
 
-// As copy_zfill (sm80_utils.cuh), but tile row r is read from row_ptr(r): rows gathered from pages. Rows at or
-// past max_row are zero-filled without looking up their page. Every row's address is computed before the first
-// copy is issued, so the page-table loads overlap instead of each waiting behind the previous row's cp.async.
+  __device__ __forceinline__ explicit FastDiv(int divisor) : d(divisor) {
+    shift = 32 - __clz(divisor - 1);  // ceil(log2(divisor)), 0 for 1
+    mul = uint32_t((uint64_t((1ull << shift) - divisor) << 32) / uint64_t(divisor) + 1);
+  }
+  __device__ __forceinline__ int div(int n) const { return int((__umulhi(mul, uint32_t(n)) + uint32_t(n)) >> shift); }
+};
+
+// Pages (block-table entries) of the cache rows one thread copies in a key tile, read one tile ahead: issued
+// right after the previous tile's copies, the loads' latency hides behind that tile's math instead of holding up
+// the next tile's copies, and K and V share one lookup. Entries are clamped when used, not when loaded, so that
+// nothing waits on the loads early. kRows: rows per thread (1 when pages hold whole tiles: the tile's first row).
+template <int kRows>
+struct PageLookahead {
+  FastDiv page_size;
+  int tile = -1;  // the key tile whose pages `page` holds; -1: none yet
+  int page[kRows];
+
+  __device__ __forceinline__ explicit PageLookahead(FwdParams const& p) : page_size(max(p.page_size, 1)) {}
+
+  // Start loading the pages of key tile n: page[i] is that of cache row row_of(i) (0 = the entry's first row),
+  // or 0 where row_of(i) < 0 (a row past the keys, never read).
+  template <class RowOf>
+  __device__ __forceinline__ void fetch(FwdParams const& p, int batch, int n, RowOf const& row_of) {
+    const int* table = p.block_table + batch * p.block_table_stride;
+    CUTE_UNROLL
+    for (int i = 0; i < kRows; ++i) {
+      const int row = row_of(i);
+      page[i] = row >= 0 ? table[page_size.div(row)] : 0;
+    }
+    tile = n;
+  }
+
+  // Element offset of cache row `row`, fetched as row i, in a K or V tensor with these page and row strides.
+  __device__ __forceinline__ int64_t offset(FwdParams const& p, int i, int row, int64_t page_stride,
+                                            int64_t row_stride) const {
+    const int pg = min(max(page[i], 0), p.kv_batches - 1);
+    return pg * page_stride + (row - page_size.div(row) * page_size.d) * row_stride;
+  }
+};
+
+// As copy_zfill (sm80_utils.cuh), but the thread's copy row m (tile row r) is read from row_ptr(m, r): rows
+// gathered from pages or heads. Rows at or past max_row are zero-filled (their address is row 0's, never read).
+// Every row's address is computed before the first copy is issued, so lookups overlap instead of each waiting
+// behind the previous row's cp.async.
 template <class TiledCopy, class RowPtr, class Dst, class Coord>
 __device__ __forceinline__ void copy_rows_zfill(TiledCopy const& tiled_copy, RowPtr const& row_ptr, Dst&& dst,
                                                 Coord const& coord, int max_row, int max_col) {
   constexpr int kRows = decltype(size<1>(dst))::value;
-  decltype(row_ptr(0)) src_rows[kRows];
+  decltype(row_ptr(0, 0)) src_rows[kRows];
   CUTE_UNROLL
   for (int m = 0; m < kRows; ++m) {
     const int row = get<0>(coord(0, m, 0));
-    src_rows[m] = row_ptr(row < max_row ? row : 0);
+    src_rows[m] = row_ptr(m, row < max_row ? row : 0);
   }
   CUTE_UNROLL
   for (int m = 0; m < kRows; ++m) {
