@@ -154,6 +154,9 @@ def check_fwd(
         _check_dim(v, "v", axis, what, k.shape[axis], "k")
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_layout(name, t)
+    if block_table is not None:
+        for name, t in (("k", k), ("v", v)):
+            _check_paged(name, t)
 
     alibi = _check_alibi(alibi_slopes, batch, nheads)
     # Varlen: the totals bound every entry's lengths, so a bound dropped for them hides no key of any entry.
@@ -310,6 +313,8 @@ def check_kvcache(
     if block_table is not None:
         _check_index("block_table", block_table, 2)
         _check_dim(block_table, "block_table", 0, "batch", batch, "q")
+        for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+            _check_paged(name, t)
         if cache_batch_idx is not None:
             raise ValueError("cache_batch_idx: not supported with a paged cache (block_table picks the pages)")
         capacity = block_table.shape[1] * rows
@@ -486,6 +491,17 @@ def _require_tensor(name: str, t: object) -> None:
 def _check_dim(t: torch.Tensor, name: str, axis: int, what: str, expected: int, ref: str) -> None:
     if t.shape[axis] != expected:
         raise ValueError(f"{name}: {what}={t.shape[axis]} does not match {ref}'s {what}={expected}")
+
+
+def _check_paged(name: str, t: torch.Tensor) -> None:
+    """A paged K/V cache (num_blocks, page_size, nheads_k, head_dim): at least one page, and element offsets of a
+    page and of a row within its page below 2^32, as the kernels compute them in 32 bits."""
+    if t.shape[0] < 1 or t.shape[1] < 1:
+        raise ValueError(f"{name}: a paged cache needs at least one block of at least one row, got shape "
+                         f"{tuple(t.shape)}")
+    if t.stride(0) >= 2**32 or (t.shape[1] - 1) * t.stride(1) >= 2**32:
+        raise ValueError(f"{name}: page and row strides must keep a page's offset below 2^32 elements, got strides "
+                         f"{t.stride()}")
 
 
 def _check_layout(name: str, t: torch.Tensor) -> None:

@@ -356,3 +356,20 @@ def test_varlen_paged_cache_is_checked():
         check_fwd(q, cache, cache, cu_seqlens_q=cu, cu_seqlens_k=cu_k, block_table=table[:2])
     with pytest.raises(ValueError, match="^block_table: a paged"):
         check_fwd(q[None], cache, cache, block_table=table)
+    with pytest.raises(ValueError, match="^k: a paged cache needs at least one block"):
+        check_fwd(q, cache[:0], cache[:0], cu_seqlens_q=cu, cu_seqlens_k=cu_k, block_table=table)
+
+
+def test_paged_cache_offsets_must_fit_32_bits():
+    """The kernels compute a page's element offset in 32 bits (kv_cache.cuh): wider strides are refused by name."""
+    q, _, _, cu, cu_k = varlen()
+    table = torch.zeros(3, 5, dtype=torch.int32)
+    wide = torch.empty(4, 16, HK, D, dtype=torch.bfloat16, device="meta").as_strided(
+        (4, 16, HK, D), (2**32, 16 * HK * D, D, 1))
+    ok = torch.empty(4, 16, HK, D, dtype=torch.bfloat16, device="meta")
+    with pytest.raises(ValueError, match="^v: page and row strides"):
+        check_fwd(q.to("meta"), ok, wide, cu_seqlens_q=cu.to("meta"), cu_seqlens_k=cu_k.to("meta"),
+                  block_table=table.to("meta"))
+    with pytest.raises(ValueError, match="^k_cache: page and row strides"):
+        kvcache_args(q=torch.empty(2, 1, H, D, dtype=torch.bfloat16, device="meta"), k_cache=wide, v_cache=ok,
+                     cache_seqlens=None, block_table=torch.zeros(2, 4, dtype=torch.int32, device="meta"))

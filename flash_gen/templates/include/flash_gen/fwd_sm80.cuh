@@ -219,16 +219,16 @@ __device__ __forceinline__ void fwd_kernel(FwdParams const& p) {
     });
   };
   // Key tile n of K or V: `origin` is the entry's first row (dense and contiguous caches), `cache` the head's
-  // element 0 of a paged tensor.
+  // element 0 of a paged tensor (whose page stride validate.py keeps below 2^32).
   auto load_cache_tile = [&](const Element* origin, const Element* cache, int64_t page_stride, int64_t row_stride,
                              auto&& dst, int n) {
-    const int row = seq.k_start + n * kBlockN;  // the tile's first row in the entry's cache rows
+    const uint32_t page_stride32 = uint32_t(page_stride), row_stride32 = uint32_t(row_stride);
     if (p.block_table != nullptr && pages.tile != n) fetch_pages(n);
     if constexpr (T::kKv == KvLayout::kPaged) {
-      auto row_ptr = [&](int m, int r) { return cache + pages.offset(p, m, row + r, page_stride, row_stride); };
+      auto row_ptr = [&](int m, int) { return cache + pages.offset(p, m, page_stride32, row_stride32); };
       copy_rows_zfill(load, row_ptr, dst, tKVcKV, seqlen_k - n * kBlockN, T::kHeadDim);
     } else {
-      const Element* tile = p.block_table != nullptr ? cache + pages.offset(p, 0, row, page_stride, row_stride)
+      const Element* tile = p.block_table != nullptr ? cache + pages.offset(p, 0, page_stride32, row_stride32)
                                                      : origin + int64_t(n) * kBlockN * row_stride;
       Tensor g = make_tensor(make_gmem_ptr(tile), Shape<Int<kBlockN>, Int<kD>>{}, make_stride(row_stride, _1{}));
       copy_zfill(load, load_thr.partition_S(g), dst, tKVcKV, seqlen_k - n * kBlockN, T::kHeadDim);

@@ -49,29 +49,33 @@ struct FastDiv {
 template <int kRows>
 struct PageLookahead {
   FastDiv page_size;
-  int tile = -1;  // the key tile whose pages `page` holds; -1: none yet
-  int page[kRows];
+  int tile = -1;        // the key tile whose rows the arrays describe; -1: none yet
+  int page[kRows];      // block-table entry of each row (unclamped)
+  int in_page[kRows];   // each row's index within its page
 
   __device__ __forceinline__ explicit PageLookahead(FwdParams const& p) : page_size(max(p.page_size, 1)) {}
 
-  // Start loading the pages of key tile n: page[i] is that of cache row row_of(i) (0 = the entry's first row),
-  // or 0 where row_of(i) < 0 (a row past the keys, never read).
+  // Start loading the pages of key tile n: those of cache rows row_of(i) (0 = the entry's first row), or page 0
+  // where row_of(i) < 0 (a row past the keys, never read; it gets row 0's offset).
   template <class RowOf>
   __device__ __forceinline__ void fetch(FwdParams const& p, int batch, int n, RowOf const& row_of) {
     const int* table = p.block_table + batch * p.block_table_stride;
     CUTE_UNROLL
     for (int i = 0; i < kRows; ++i) {
-      const int row = row_of(i);
-      page[i] = row >= 0 ? table[page_size.div(row)] : 0;
+      const int wanted = row_of(i), row = max(wanted, 0), index = page_size.div(row);
+      page[i] = wanted >= 0 ? table[index] : 0;
+      in_page[i] = row - index * page_size.d;
     }
     tile = n;
   }
 
-  // Element offset of cache row `row`, fetched as row i, in a K or V tensor with these page and row strides.
-  __device__ __forceinline__ int64_t offset(FwdParams const& p, int i, int row, int64_t page_stride,
-                                            int64_t row_stride) const {
-    const int pg = min(max(page[i], 0), p.kv_batches - 1);
-    return pg * page_stride + (row - page_size.div(row) * page_size.d) * row_stride;
+  // Element offset of row i in a K or V tensor with these page and row strides. The host keeps a page's stride
+  // and a row's offset in its page below 2^32 elements (validate.py), so this is one 32 x 32 -> 64-bit
+  // multiply-add. A block-table entry out of range (negative ones wrap high) reads the last page.
+  __device__ __forceinline__ uint64_t offset(FwdParams const& p, int i, uint32_t page_stride,
+                                             uint32_t row_stride) const {
+    const uint32_t pg = min(uint32_t(page[i]), uint32_t(p.kv_batches - 1));
+    return uint64_t(pg) * page_stride + uint32_t(in_page[i]) * row_stride;
   }
 };
 
