@@ -206,13 +206,12 @@ __device__ __forceinline__ void fwd_kernel(FwdParams const& p) {
   const int q_rows = rows_q - row0;
   // Pages of the next key tile to load (a paged cache): a page per copied row, or one per tile when pages hold
   // whole tiles. Fetched when a tile's V is issued, for the tile after it (tiles load in decreasing order).
-  PageLookahead<T::kKv == KvLayout::kPaged ? decltype(size<1>(tKsK))::value : 1> pages(p);
+  PageLookahead<T::kKv == KvLayout::kPaged ? decltype(size<1>(tKsK))::value : 1> pages(p, batch);
   auto fetch_pages = [&](int n) {
-    const int rows = seqlen_k - n * kBlockN, first = seq.k_start + n * kBlockN;
-    pages.fetch(p, batch, n, [&](int i) {
+    const int first = seq.k_start + n * kBlockN;  // the tile's first row in the entry's cache rows
+    pages.fetch(n, seq.k_start + seqlen_k - 1, [&](int i) {
       if constexpr (T::kKv == KvLayout::kPaged) {
-        const int r = get<0>(tKVcKV(0, i, 0));
-        return r < rows ? first + r : -1;
+        return first + get<0>(tKVcKV(0, i, 0));
       } else {
         return first;
       }

@@ -49,21 +49,23 @@ struct FastDiv {
 template <int kRows>
 struct PageLookahead {
   FastDiv page_size;
+  const int* table;     // the entry's row of the block table
   int tile = -1;        // the key tile whose rows the arrays describe; -1: none yet
   int page[kRows];      // block-table entry of each row (unclamped)
   int in_page[kRows];   // each row's index within its page
 
-  __device__ __forceinline__ explicit PageLookahead(FwdParams const& p) : page_size(max(p.page_size, 1)) {}
+  __device__ __forceinline__ PageLookahead(FwdParams const& p, int batch)
+      : page_size(max(p.page_size, 1)),
+        table(p.block_table != nullptr ? p.block_table + batch * p.block_table_stride : nullptr) {}
 
-  // Start loading the pages of key tile n: those of cache rows row_of(i) (0 = the entry's first row), or page 0
-  // where row_of(i) < 0 (a row past the keys, never read; it gets row 0's offset).
+  // Start loading the pages of key tile n: those of cache rows row_of(i) (0 = the entry's first row), each at
+  // most last_row (a row past the keys is never read; it takes the last key's page, which the table holds).
   template <class RowOf>
-  __device__ __forceinline__ void fetch(FwdParams const& p, int batch, int n, RowOf const& row_of) {
-    const int* table = p.block_table + batch * p.block_table_stride;
+  __device__ __forceinline__ void fetch(int n, int last_row, RowOf const& row_of) {
     CUTE_UNROLL
     for (int i = 0; i < kRows; ++i) {
-      const int wanted = row_of(i), row = max(wanted, 0), index = page_size.div(row);
-      page[i] = wanted >= 0 ? table[index] : 0;
+      const int row = min(row_of(i), last_row), index = page_size.div(row);
+      page[i] = table[index];
       in_page[i] = row - index * page_size.d;
     }
     tile = n;
@@ -91,7 +93,9 @@ __device__ __forceinline__ void copy_rows_zfill(TiledCopy const& tiled_copy, Row
   CUTE_UNROLL
   for (int m = 0; m < kRows; ++m) {
     const int row = get<0>(coord(0, m, 0));
-    src_rows[m] = row_ptr(m, row < max_row ? row : 0);
+    // The thread's first column goes into the row's address, so its further copies of the row sit at constant
+    // offsets that ptxas folds into the copy instructions (else each pays a 64-bit add and shift).
+    src_rows[m] = row_ptr(m, row < max_row ? row : 0) + get<1>(coord(0, m, 0));
   }
   CUTE_UNROLL
   for (int m = 0; m < kRows; ++m) {
@@ -100,7 +104,8 @@ __device__ __forceinline__ void copy_rows_zfill(TiledCopy const& tiled_copy, Row
     CUTE_UNROLL
     for (int k = 0; k < size<2>(dst); ++k) {
       const int col = get<1>(coord(0, m, k));
-      Tensor src = make_tensor(make_gmem_ptr(src_row + col), make_layout(shape(dst(_, m, k))));
+      Tensor src = make_tensor(make_gmem_ptr(src_row + (col - get<1>(coord(0, m, 0)))),
+                               make_layout(shape(dst(_, m, k))));
       copy(tiled_copy.with(row_ok && col < max_col), src, dst(_, m, k));
     }
   }
