@@ -82,7 +82,7 @@ struct PageLookahead {
 };
 
 // As copy_zfill (sm80_utils.cuh), but the thread's copy row m (tile row r) is read from row_ptr(m, r): rows
-// gathered from pages or heads. Rows at or past max_row are zero-filled (their address is row 0's, never read).
+// gathered from pages or heads. Rows at or past max_row are zero-filled: row_ptr gets r = 0, and nothing is read.
 // Every row's address is computed before the first copy is issued, so lookups overlap instead of each waiting
 // behind the previous row's cp.async.
 template <class TiledCopy, class RowPtr, class Dst, class Coord>
