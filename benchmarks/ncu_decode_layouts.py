@@ -1,9 +1,10 @@
 """One decoding step per cache layout, for Nsight Compute to compare the kernels (issue 4's paged path):
 
     ncu --clock-control none --set full -k regex:fwd_sm90_bf16_hd128_none_split --launch-skip 2 --launch-count 2 \
-        -o decode python3 benchmarks/ncu_decode_layouts.py [--batch 8 --cache 8192 --page 16]
+        -o decode python3 benchmarks/ncu_decode_layouts.py [--batch 8 --cache 8192 --page 16 --seqlen-q 1]
 
-GQA 32 query / 8 KV heads, head dim 128, bf16, one query row, as bench_decode.py: a contiguous cache, then the same
+GQA 32 query / 8 KV heads, head dim 128, bf16, causal, as bench_decode.py (with --seqlen-q 4 the kernels are the
+causal ones: -k regex:fwd_sm90_bf16_hd128_causal_split): a contiguous cache, then the same
 bytes as a paged cache (identity block table); each step runs twice (the first pair warms up) and the results must
 agree exactly. GPU only.
 """
@@ -23,9 +24,10 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--cache", type=int, default=8192)
     p.add_argument("--page", type=int, default=16)
+    p.add_argument("--seqlen-q", type=int, default=1)
     args = p.parse_args()
     b, length, page = args.batch, args.cache, args.page
-    q = torch.randn(b, 1, NHEADS, HDIM, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(b, args.seqlen_q, NHEADS, HDIM, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(b, length, NHEADS_K, HDIM, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
     seqlens = torch.full((b,), length, dtype=torch.int32, device="cuda")
