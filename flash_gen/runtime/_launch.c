@@ -9,7 +9,6 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <dlfcn.h>
-#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -20,30 +19,7 @@
 typedef int (*LaunchFn)(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                         unsigned smem, void *stream, void **params, void **extra);
 
-/* cuda.h's CUlaunchAttribute and CUlaunchConfig, for cuLaunchKernelEx (layouts checked against cuda-bindings'
- * structs by tests/test_ops.py). */
-typedef struct {
-    int id; /* CUlaunchAttributeID */
-    int pad;
-    union {
-        char bytes[64];
-        int value;
-    } value;
-} LaunchAttribute;
-
-typedef struct {
-    unsigned grid[3], block[3], smem;
-    void *stream;
-    LaunchAttribute *attrs;
-    unsigned num_attrs;
-} LaunchConfig;
-
-typedef int (*LaunchExFn)(const LaunchConfig *config, void *f, void **params, void **extra);
-
-#define PROGRAMMATIC_STREAM_SERIALIZATION 6 /* CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION */
-
 static LaunchFn cu_launch_kernel = NULL;
-static LaunchExFn cu_launch_kernel_ex = NULL; /* NULL on drivers without it: dependent launches become plain */
 
 static int load_driver(void) {
     if (cu_launch_kernel) return 0;
@@ -52,7 +28,6 @@ static int load_driver(void) {
         PyErr_Format(PyExc_RuntimeError, "flash_gen: cannot open libcuda.so.1: %s", dlerror());
         return -1;
     }
-    cu_launch_kernel_ex = (LaunchExFn)dlsym(lib, "cuLaunchKernelEx");
     cu_launch_kernel = (LaunchFn)dlsym(lib, "cuLaunchKernel");
     if (!cu_launch_kernel) {
         PyErr_SetString(PyExc_RuntimeError, "flash_gen: libcuda.so.1 has no cuLaunchKernel");
@@ -106,14 +81,12 @@ static PyObject *pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     return size < 0 ? NULL : PyBytes_FromStringAndSize((const char *)buf, size);
 }
 
-/* launch(function, gx, gy, gz, bx, by, bz, smem, stream, params, patches, patch_base, dependent) -> CUresult as an
- * int. function and stream are the CUfunction and CUstream handles as ints. dependent: a programmatic dependent
- * launch (Hopper and later): the kernel may start before the previous one in the stream has finished, and must
- * wait for it (griddepcontrol.wait) before touching what it wrote. */
+/* launch(function, gx, gy, gz, bx, by, bz, smem, stream, params, patches, patch_base) -> CUresult as an int.
+ * function and stream are the CUfunction and CUstream handles as ints. */
 static PyObject *launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 13) {
-        PyErr_SetString(PyExc_TypeError, "launch(function, gx, gy, gz, bx, by, bz, smem, stream, params, patches, "
-                                         "patch_base, dependent)");
+    if (nargs != 12) {
+        PyErr_SetString(PyExc_TypeError,
+                        "launch(function, gx, gy, gz, bx, by, bz, smem, stream, params, patches, patch_base)");
         return NULL;
     }
     if (load_driver() < 0) return NULL;
@@ -122,38 +95,22 @@ static PyObject *launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     for (int i = 0; i < 7; ++i) dims[i] = (unsigned)PyLong_AsUnsignedLong(args[1 + i]);
     void *stream = PyLong_AsVoidPtr(args[8]);
     Py_ssize_t base = PyLong_AsSsize_t(args[11]);
-    int dependent = PyObject_IsTrue(args[12]);
     if (PyErr_Occurred()) return NULL;
     _Alignas(64) unsigned char buf[MAX_PARAM_BYTES];  /* TMA maps in the struct need 64-byte alignment */
     if (pack_into(buf, args[9], args[10], base) < 0) return NULL;
     void *kernel_params[1] = {buf};
-    LaunchAttribute attr = {PROGRAMMATIC_STREAM_SERIALIZATION, 0, {.value = 1}};
-    LaunchConfig config = {{dims[0], dims[1], dims[2]}, {dims[3], dims[4], dims[5]}, dims[6], stream, &attr, 1};
     int err;
     /* A launch blocks while the stream's queue is full: let other Python threads run meanwhile, as ctypes did. */
     Py_BEGIN_ALLOW_THREADS
-    if (dependent && cu_launch_kernel_ex)
-        err = cu_launch_kernel_ex(&config, function, kernel_params, NULL);
-    else
-        err = cu_launch_kernel(function, dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], stream,
-                               kernel_params, NULL);
+    err = cu_launch_kernel(function, dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], stream,
+                           kernel_params, NULL);
     Py_END_ALLOW_THREADS
     return PyLong_FromLong(err);
-}
-
-/* sizeof and field offsets of LaunchConfig / LaunchAttribute, for the layout test. */
-static PyObject *layouts(PyObject *self, PyObject *unused) {
-    return Py_BuildValue("{s:n,s:n,s:n,s:n,s:n,s:n}", "config_size", (Py_ssize_t)sizeof(LaunchConfig),
-                         "config_stream", (Py_ssize_t)offsetof(LaunchConfig, stream), "config_num_attrs",
-                         (Py_ssize_t)offsetof(LaunchConfig, num_attrs), "attr_size", (Py_ssize_t)sizeof(LaunchAttribute),
-                         "attr_value", (Py_ssize_t)offsetof(LaunchAttribute, value), "attr_id",
-                         (Py_ssize_t)PROGRAMMATIC_STREAM_SERIALIZATION);
 }
 
 static PyMethodDef methods[] = {
     {"launch", (PyCFunction)(void (*)(void))launch, METH_FASTCALL, "Launch a kernel with a patched parameter copy."},
     {"pack", (PyCFunction)(void (*)(void))pack, METH_FASTCALL, "The parameter bytes launch() would pass."},
-    {"layouts", layouts, METH_NOARGS, "Sizes and offsets of the cuLaunchKernelEx structs as built here."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -83,17 +83,14 @@ class Kernel:
         params: ctypes.Structure,
         patches: tuple[int, ...] = (),
         patch_base: int = 0,
-        dependent: bool = False,
     ) -> None:
         """Launch on `stream` (a CUstream handle as an int, e.g. torch.cuda.current_stream().cuda_stream) with a
         copy of `params`, patched as pack_params says, as the kernel's single argument: the per-call tensor
         addresses go in as patches, so `params` can be a template kept per shape. The stream must belong to this
-        kernel's device. `dependent`: a programmatic dependent launch (the C launcher on Hopper and later; a plain
-        launch otherwise), for a kernel that waits for its predecessor with griddepcontrol.wait, so that its
-        launch overlaps the predecessor's tail."""
+        kernel's device."""
         if _c_launch is not None:
             err = _c_launch.launch(self._handle, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem,
-                                   stream, params, patches, patch_base, dependent)
+                                   stream, params, patches, patch_base)
         else:
             if patches:
                 params = pack_params(params, patches, patch_base)

@@ -324,7 +324,7 @@ def attention_fwd_kvcache(
     p.o_partial, p.lse_partial = o_partial.data_ptr(), lse_partial.data_ptr()
     var.kernel.launch((m_blocks, tile_heads, batch * splits), var.block, var.smem, stream, p)
     combine = _combine_kernel(device, dtype)
-    combine.launch((seqlen_q, nheads, batch), (_COMBINE_THREADS, 1, 1), 0, stream, p, dependent=True)
+    combine.launch((seqlen_q, nheads, batch), (_COMBINE_THREADS, 1, 1), 0, stream, p)
     return out, lse
 
 

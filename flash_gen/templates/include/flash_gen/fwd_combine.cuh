@@ -7,7 +7,6 @@
 // shared memory; lane i owns head-dim elements [8i, 8i + 8).
 #pragma once
 #include "flash_gen/fwd_params.cuh"
-#include "flash_gen/grid_dependency.cuh"
 #include "flash_gen/half_bits.cuh"
 
 namespace flash_gen {
@@ -25,7 +24,6 @@ __device__ __forceinline__ void fwd_combine(FwdParams const& p) {
   const int row = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
   const int64_t split_stride = int64_t(p.batch) * p.nheads * p.seqlen_q;  // rows per split
   const int64_t bhr = (int64_t(batch) * p.nheads + head) * p.seqlen_q + row;
-  wait_for_predecessor();  // launched as dependent of the split forward, whose partials it reads
 
   // Every warp works out the weights (a few L2-resident floats): lane l owns splits l, l + 32, ...
   const float kNegInf = -__int_as_float(0x7f800000);

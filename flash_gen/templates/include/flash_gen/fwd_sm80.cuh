@@ -5,7 +5,6 @@
 #pragma once
 #include "flash_gen/attn_mask.cuh"
 #include "flash_gen/fwd_params.cuh"
-#include "flash_gen/grid_dependency.cuh"
 #include "flash_gen/kv_cache.cuh"
 #include "flash_gen/score_mods.cuh"
 #include "flash_gen/seq_info.cuh"
@@ -73,7 +72,6 @@ __device__ __forceinline__ void fwd_kernel(FwdParams const& p) {
   // Within a head, the last query tiles see the most keys under a causal mask: start them first.
   int m_block = gridDim.x - 1 - blockIdx.x, batch = blockIdx.z, split = 0;
   if constexpr (T::kSplit) {
-    allow_dependent_launch();  // the combine launches now and waits for this grid (grid_dependency.cuh)
     split = batch % p.num_splits;
     batch /= p.num_splits;
   }
