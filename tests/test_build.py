@@ -97,6 +97,11 @@ def test_ptxas_report_reads_only_the_entry():
               " pipeline stage in the function 'k'\n")
     assert nvrtc._parse_ptxas_report(log + notice, "k", "sm80")["wgmma_serialized"]
     assert not nvrtc._parse_ptxas_report(log + notice, "other", "sm80")["wgmma_serialized"]
+    # C7514 (accumulators read, not defined, inside a pipeline stage) serialises them just as well
+    reading = notice.replace("C7515", "C7514").replace("defining", "reading")
+    assert nvrtc._parse_ptxas_report(log + reading, "k", "sm80")["wgmma_serialized"]
+    # in a device function ptxas did not inline (mangled name): charged to the program's entries
+    assert nvrtc._parse_ptxas_report(log + notice.replace("'k'", "'_ZZN9flash_gen1fEv'"), "k", "sm80")["wgmma_serialized"]
 
 
 def test_compile_error_carries_log_and_source(cache_dir):

@@ -215,7 +215,11 @@ def _parse_ptxas_report(log: str, entry: str, arch: str) -> dict[str, int | bool
             entry, arch, log + f"\n[flash_gen] no ptxas report for entry {entry!r}: is the kernel extern \"C\"?", None
         )
     smem = re.search(r"(\d+) bytes smem", used.group(2))
-    serialized = any("C7515" in line and f"'{entry}'" in line for line in log.splitlines())
+    # C7514/C7515/C7520 and kin: ptxas gave up overlapping the kernel's wgmmas (each waits for the one before). The
+    # notice names the function: the entry, or a mangled device function (a lambda ptxas did not inline), which
+    # counts against every entry of the program.
+    serialized = any("wgmma.mma_async instructions are serialized" in line
+                     and re.search(rf"function '({re.escape(entry)}|_Z[^']*)'", line) for line in log.splitlines())
     return {
         "registers": int(used.group(1)),
         "stack_frame": int(stack.group(1)),
