@@ -18,6 +18,7 @@ ROWS_PER_CONSUMER = 64  # the wgmma M
 CONSUMER_REGISTERS = {1: 232, 2: 240, 3: 160}  # setmaxnreg of each consumer thread (kConsumerRegs in the kernel)
 ADDRESSING_REGISTERS = 32  # a consumer's other registers, a floor: ptxas has the last word (hd128 n176, 196: spilled)
 BARRIER_BYTES = 8  # one mbarrier
+TILE_SLOT_BYTES = 64  # persistent CTAs: the tile the producer hands to the consumers (kTileSlotBytes)
 # wgmma N values CuTe's op selector picks without CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED; any other key tile it
 # would split into N = 16 (or 8) instructions. The extended shapes cost about 35% more compile time.
 WGMMA_BASIC_N = (8, 16, 32, 64, 96, 128, 192, 256)
@@ -80,9 +81,11 @@ def sm90_config_from_name(name: str) -> Sm90FwdConfig | None:
 
 def sm90_smem_bytes(key: FwdKey, cfg: Sm90FwdConfig) -> int:
     """Q plus `stages` K and V tiles (2-byte elements), an O staging tile in persistent CTAs (elsewhere O leaves
-    through Q's buffer), then the mbarriers: Q full and empty, K/V full and empty per stage."""
+    through Q's buffer), then the mbarriers: Q full and empty, K/V full and empty per stage; persistent CTAs end
+    with the slot through which the producer hands each tile to the consumers."""
     rows = cfg.block_m * (2 if cfg.persistent else 1) + 2 * cfg.stages * cfg.block_n
-    return 2 * sm90_head_dim(key) * rows + BARRIER_BYTES * (2 + 4 * cfg.stages)
+    tile_slot = TILE_SLOT_BYTES if cfg.persistent else 0
+    return 2 * sm90_head_dim(key) * rows + BARRIER_BYTES * (2 + 4 * cfg.stages) + tile_slot
 
 
 def sm90_infeasible_reason(key: FwdKey, cfg: Sm90FwdConfig) -> str | None:

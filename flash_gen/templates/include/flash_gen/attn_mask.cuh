@@ -42,13 +42,14 @@ __device__ __forceinline__ void mask_tile(S& s, RC const& rc, int row0, int col0
   for (int r = 0; r < size<0>(s); ++r) {
     const int pos = kPacked ? (row0 + get<0>(rc(r, 0))) / group : row0 + base_row + (get<0>(rc(r, 0)) - base_row);
     const int row = pos + diag - first_col;
-    const int right = row + window_right;  // offsets > right are masked
-    const int left = row - window_left;    // offsets < left are masked
+    // Offsets > last are masked (the sequence end and the right bound folded into one compare per element),
+    // and with a left bound offsets < left.
+    const int last = MaskBounds<kMask>::kRight ? min(col_end - 1, row + window_right) : col_end - 1;
+    const int left = row - window_left;
     CUTE_UNROLL
     for (int c = 0; c < size<1>(s); ++c) {
       const int off = get<1>(rc(r, c)) - base_col;
-      bool masked = off >= col_end;
-      if constexpr (MaskBounds<kMask>::kRight) masked |= off > right;
+      bool masked = off > last;
       if constexpr (MaskBounds<kMask>::kLeft) masked |= off < left;
       if (masked) s(r, c) = -__int_as_float(0x7f800000);
     }

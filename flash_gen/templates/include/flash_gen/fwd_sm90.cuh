@@ -88,7 +88,11 @@ struct Sm90FwdTraits {
   // this tile's O is written and stored; otherwise through the Q buffer (a CTA's one tile needs Q no more).
   static constexpr bool kSeparateO = kPersistent;
   static constexpr int kOBytes = kSeparateO ? kQBytes : 0;
-  static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVTileBytes + kOBytes + int(sizeof(Barriers));
+  // Persistent CTAs: the producer publishes each tile (an Sm90Tile) in shared memory with its Q, so the consumers
+  // do not repeat the integer divisions that locate it (about a thousand cycles between tiles on the H200).
+  static constexpr int kTileSlotBytes = kPersistent ? 64 : 0;
+  static constexpr int kSmemBytes =
+      kQBytes + 2 * kStages * kKVTileBytes + kOBytes + int(sizeof(Barriers)) + kTileSlotBytes;
 };
 
 // Issue the wgmmas of one GEMM as one batch (waited for with warpgroup_wait). kZeroInit overwrites the accumulator.
@@ -206,7 +210,7 @@ template <class T>
 __device__ __forceinline__ void fwd_sm90_produce(Sm90FwdParams const& params, typename T::Barriers& bars,
                                                  typename T::Element* smem_q, typename T::Element* smem_k,
                                                  typename T::Element* smem_v, int m_blocks, int tiles,
-                                                 Sm90Tile<T> const& first) {
+                                                 Sm90Tile<T> const& first, Sm90Tile<T>* tile_slot) {
   constexpr int kBoxes = T::kHeadDim / T::kBoxCols, kBlockN = T::kBlockN;
   prefetch_tensor_map(params.tma_q);
   prefetch_tensor_map(params.tma_k);
@@ -215,6 +219,9 @@ __device__ __forceinline__ void fwd_sm90_produce(Sm90FwdParams const& params, ty
   for (int round = 0, t = sm90_tile_of_round<T>(0); t < tiles; t = sm90_tile_of_round<T>(++round)) {
     const Sm90Tile<T> tile = T::kPersistent ? Sm90Tile<T>(params.base, m_blocks, t) : first;
     bars.q_empty.wait((round & 1) ^ 1);
+    // The consumers have read the previous tile's slot (before releasing its Q); q_full's arrival below releases
+    // this write to them.
+    if constexpr (T::kPersistent) *tile_slot = tile;
     // One box per 64-column slab and warpgroup; idle warpgroups' rows are not loaded.
     bars.q_full.arrive_expect_tx(T::kQBytes / T::kConsumers * (T::kConsumers - tile.idle_wgs));
     for (int w = tile.idle_wgs; w < T::kConsumers; ++w) {
@@ -255,6 +262,8 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
   Element* smem_v = smem_k + kStages * kBlockN * kD;
   Element* smem_o = T::kSeparateO ? smem_v + kStages * kBlockN * kD : smem_q;
   Barriers& bars = *reinterpret_cast<Barriers*>(smem_v + kStages * kBlockN * kD + T::kOBytes / sizeof(Element));
+  static_assert(!T::kPersistent || sizeof(Sm90Tile<T>) <= T::kTileSlotBytes, "the tile slot holds an Sm90Tile");
+  Sm90Tile<T>* tile_slot = reinterpret_cast<Sm90Tile<T>*>(reinterpret_cast<char*>(&bars) + sizeof(Barriers));
   const int m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;  // dense only
   const int tiles = T::kVarlen ? int(gridDim.x) : m_blocks * p.nheads * p.batch;
   // The first tile, worked out by every warp (the varlen scan is warp-collective); a CTA serving one tile keeps it.
@@ -278,7 +287,7 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
 
   if (threadIdx.x < 128) {
     release_registers<T::kProducerRegs>();
-    if (threadIdx.x == 0) fwd_sm90_produce<T>(params, bars, smem_q, smem_k, smem_v, m_blocks, tiles, first);
+    if (threadIdx.x == 0) fwd_sm90_produce<T>(params, bars, smem_q, smem_k, smem_v, m_blocks, tiles, first, tile_slot);
     return;
   }
   claim_registers<T::kConsumerRegs>();
@@ -340,7 +349,9 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
 
   int it = 0;  // key steps over all tiles, as the producer counts them
   for (int round = 0, t = sm90_tile_of_round<T>(0); t < tiles; t = sm90_tile_of_round<T>(++round)) {
-    const Sm90Tile<T> tile = T::kPersistent ? Sm90Tile<T>(p, m_blocks, t) : first;
+    // Also for an empty tile: the Q phases stay in step, and without a buffer of its own O is staged where Q lands.
+    bars.q_full.wait(round & 1);
+    const Sm90Tile<T> tile = T::kPersistent ? *tile_slot : first;
     const int row0 = tile.row0, diag = tile.diag();
     float slope = 0.f;
     if constexpr (T::kAlibi) slope = p.alibi_slopes[tile.batch * p.alibi_batch_stride + tile.head] * p.alibi_scale;
@@ -355,14 +366,17 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
       }
       o_scale_pending = online_softmax_lazy(s_rc, row_max, row_sum, o_scale, p.scale_log2);
     };
+    // Q is free once the tile's last S GEMM has completed, before that step's softmax, its P V GEMM and the
+    // epilogue: the producer, which loads the next tile's Q before its K/V, then starts both that much earlier.
+    auto release_q_after = [&](int n) {
+      if (n + 1 == tile.n_max) release(bars.q_empty);
+    };
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       row_max[r] = -inf();
       row_sum[r] = 0.f;
     }
     clear(acc_o);
-    // Also for an empty tile: the Q phases stay in step, and without a buffer of its own O is staged where Q lands.
-    bars.q_full.wait(round & 1);
 
     if (tile.n_min < tile.n_max) {
       // Prologue: S of the first key step alone.
@@ -374,6 +388,7 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
       warpgroup_wait<0>();
       warpgroup_fence_operand(acc_s);
       release(bars.k_empty[stage]);
+      release_q_after(tile.n_min);
       scores(tile.n_min);
       o_scale_pending = false;  // O is still zero
 
@@ -406,6 +421,7 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
         warpgroup_wait<1>();  // S_n done, P V still running
         warpgroup_fence_operand(acc_s);
         release(bars.k_empty[stage]);
+        release_q_after(n);
         scores(n);
       }
       // P V of the last key step.
@@ -421,7 +437,7 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
       ++it;
     }
 
-    release(bars.q_empty);  // this tile's S GEMMs have completed: the producer may load the next Q
+    if (tile.n_min >= tile.n_max) release(bars.q_empty);  // an empty tile: no S GEMM read Q
 
     // Epilogue: normalise and write lse; O goes through this warpgroup's 64 rows of the O staging buffer and out
     // with TMA stores, which skip rows outside [0, seqlen_q) (varlen: 16-byte stores of the entry's rows).
