@@ -31,11 +31,12 @@ class Sm90FwdConfig:
     pingpong: bool = True  # the consumer warpgroups take turns issuing GEMMs (one's softmax under the other's GEMMs)
     block_m: int = 128  # query rows per CTA: 64 per consumer warpgroup (64: one, and two CTAs per SM)
     persistent: bool = False  # resident CTAs walk the query tiles (costs registers: state carried across tiles)
+    overlap: bool = True  # intra-warpgroup overlap: step j's softmax under step j-1's P V GEMM (off: "_serial")
 
     @property
     def name(self) -> str:
         return (f"wgm{self.block_m}n{self.block_n}s{self.stages}" + ("p" if self.pingpong else "")
-                + ("_persist" if self.persistent else ""))
+                + ("" if self.overlap else "_serial") + ("_persist" if self.persistent else ""))
 
     @property
     def consumers(self) -> int:
@@ -59,6 +60,7 @@ SM90_CONFIG_SPACE = {
     "pingpong": (False, True),
     "block_m": (64, 128, 192),
     "persistent": (False, True),
+    "overlap": (True, False),
 }
 
 
@@ -75,8 +77,8 @@ def needs_extended_wgmma(cfg: Sm90FwdConfig) -> bool:
 
 def sm90_config_from_name(name: str) -> Sm90FwdConfig | None:
     """Inverse of Sm90FwdConfig.name ("wgm128n128s2p"), or None for a name of another kernel family."""
-    m = re.fullmatch(r"wgm(\d+)n(\d+)s(\d+)(p?)(_persist)?", name)
-    return Sm90FwdConfig(int(m[2]), int(m[3]), bool(m[4]), int(m[1]), bool(m[5])) if m else None
+    m = re.fullmatch(r"wgm(\d+)n(\d+)s(\d+)(p?)(_serial)?(_persist)?", name)
+    return Sm90FwdConfig(int(m[2]), int(m[3]), bool(m[4]), int(m[1]), bool(m[6]), not m[5]) if m else None
 
 
 def sm90_smem_bytes(key: FwdKey, cfg: Sm90FwdConfig) -> int:

@@ -60,6 +60,10 @@ CASES = [  # dtype, head dim, config, mask, batch, seqlen_q, seqlen_k, nheads, n
     # scores that grow along the keys: row maxima rise past the lazy-max slack mid-row, so O is rescaled late
     ("bf16", 128, "wgm128n128s2", "none", 2, 300, 1500, 4, 2, "rising"),
     ("fp16", 64, "wgm192n128s2p", "causal", 1, 700, 700, 2, 2, "rising"),
+    # no intra-warpgroup overlap (each step's S, softmax and P V in turn; ping-pong turns per GEMM)
+    ("bf16", 64, "wgm192n112s4_serial_persist", "causal", 3, 777, 555, 16, 16, "rising"),
+    ("fp16", 128, "wgm128n128s2p_serial", "none", 2, 300, 517, 4, 2, ""),
+    ("bf16", 256, "wgm128n32s2p_serial_persist", "win32_0", 2, 300, 900, 4, 1, "softcap"),
 ]
 
 

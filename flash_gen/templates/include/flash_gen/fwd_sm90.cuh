@@ -32,7 +32,7 @@
 namespace flash_gen {
 
 template <class Element_, int kHeadDim_, int kConsumers_, int kBlockN_, int kStages_, bool kPingPong_,
-          bool kPersistent_, Mask kMask_, bool kSoftcap_, bool kAlibi_, bool kVarlen_>
+          bool kPersistent_, Mask kMask_, bool kSoftcap_, bool kAlibi_, bool kVarlen_, bool kOverlap_>
 struct Sm90FwdTraits {
   using Element = Element_;
   // The head dim rounded up to 64 (flash_gen.spec_sm90.sm90_head_dim): the TMA boxes zero-fill the columns past
@@ -45,6 +45,9 @@ struct Sm90FwdTraits {
   static constexpr int kStages = kStages_;  // K/V buffers in the ring
   static constexpr bool kPingPong = kPingPong_;
   static constexpr bool kPersistent = kPersistent_;  // grid: min(tiles, SMs) instead of tiles
+  // Intra-warpgroup overlap: step j's softmax runs while step j-1's P V GEMM computes. Without it each step runs
+  // S, softmax and P V in turn (the tensor cores then see only the other warpgroups' GEMMs during a softmax).
+  static constexpr bool kOverlap = kOverlap_;
   static constexpr int kConsumerThreads = 128 * kConsumers;
   static constexpr int kNThreads = 128 + kConsumerThreads;  // the producer warpgroup first
   // setmaxnreg budgets (multiples of 8) filling the 64K-register file: producer + consumers, per CTA on the SM.
@@ -378,7 +381,32 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
     }
     clear(acc_o);
 
-    if (tile.n_min < tile.n_max) {
+    if (!T::kOverlap) {
+      // Each key step in turn: S, its softmax, then P V. Two ping-pong turns per step, one per GEMM.
+      for (int n = tile.n_min; n < tile.n_max; ++n, ++it) {
+        const int stage = it % kStages;
+        const uint32_t phase = (it / kStages) & 1;
+        bars.k_full[stage].wait(phase);
+        wait_turn();
+        wgmma_issue<true>(mma_s, tSrQ, thr_s.partition_fragment_B(sK(_, _, stage)), acc_s);
+        pass_turn();
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(acc_s);
+        release(bars.k_empty[stage]);
+        release_q_after(n);
+        scores(n);
+        convert_pairs(acc_s, p_frag);
+        rescale_o();  // O is zero at the first step, so a rescale there changes nothing
+        bars.v_full[stage].wait(phase);
+        wait_turn();
+        warpgroup_fence_operand(tOrP);
+        wgmma_issue<false>(mma_o, tOrP, thr_o.partition_fragment_B(sVt(_, _, stage)), acc_o);
+        pass_turn();
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(acc_o);
+        release(bars.v_empty[stage]);
+      }
+    } else if (tile.n_min < tile.n_max) {
       // Prologue: S of the first key step alone.
       int stage = it % kStages;
       bars.k_full[stage].wait((it / kStages) & 1);
