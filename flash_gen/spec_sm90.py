@@ -32,11 +32,13 @@ class Sm90FwdConfig:
     block_m: int = 128  # query rows per CTA: 64 per consumer warpgroup (64: one, and two CTAs per SM)
     persistent: bool = False  # resident CTAs walk the query tiles (costs registers: state carried across tiles)
     overlap: bool = True  # intra-warpgroup overlap: step j's softmax under step j-1's P V GEMM (off: "_serial")
+    p_in_smem: bool = False  # P V GEMM with P from shared memory (SS, "_ss") instead of registers (RS)
 
     @property
     def name(self) -> str:
         return (f"wgm{self.block_m}n{self.block_n}s{self.stages}" + ("p" if self.pingpong else "")
-                + ("" if self.overlap else "_serial") + ("_persist" if self.persistent else ""))
+                + ("" if self.overlap else "_serial") + ("_ss" if self.p_in_smem else "")
+                + ("_persist" if self.persistent else ""))
 
     @property
     def consumers(self) -> int:
@@ -61,6 +63,7 @@ SM90_CONFIG_SPACE = {
     "block_m": (64, 128, 192),
     "persistent": (False, True),
     "overlap": (True, False),
+    "p_in_smem": (False, True),
 }
 
 
@@ -77,17 +80,19 @@ def needs_extended_wgmma(cfg: Sm90FwdConfig) -> bool:
 
 def sm90_config_from_name(name: str) -> Sm90FwdConfig | None:
     """Inverse of Sm90FwdConfig.name ("wgm128n128s2p"), or None for a name of another kernel family."""
-    m = re.fullmatch(r"wgm(\d+)n(\d+)s(\d+)(p?)(_serial)?(_persist)?", name)
-    return Sm90FwdConfig(int(m[2]), int(m[3]), bool(m[4]), int(m[1]), bool(m[6]), not m[5]) if m else None
+    m = re.fullmatch(r"wgm(\d+)n(\d+)s(\d+)(p?)(_serial)?(_ss)?(_persist)?", name)
+    return Sm90FwdConfig(int(m[2]), int(m[3]), bool(m[4]), int(m[1]), bool(m[7]), not m[5], bool(m[6])) if m else None
 
 
 def sm90_smem_bytes(key: FwdKey, cfg: Sm90FwdConfig) -> int:
     """Q plus `stages` K and V tiles (2-byte elements), an O staging tile in persistent CTAs (elsewhere O leaves
-    through Q's buffer), then the mbarriers: Q full and empty, K/V full and empty per stage; persistent CTAs end
-    with the slot through which the producer hands each tile to the consumers."""
+    through Q's buffer), P (block_m x block_n) where the P V GEMM reads it from shared memory, then the mbarriers:
+    Q full and empty, K/V full and empty per stage; persistent CTAs end with the slot through which the producer
+    hands each tile to the consumers."""
     rows = cfg.block_m * (2 if cfg.persistent else 1) + 2 * cfg.stages * cfg.block_n
+    p_tile = 2 * cfg.block_m * cfg.block_n if cfg.p_in_smem else 0
     tile_slot = TILE_SLOT_BYTES if cfg.persistent else 0
-    return 2 * sm90_head_dim(key) * rows + BARRIER_BYTES * (2 + 4 * cfg.stages) + tile_slot
+    return 2 * sm90_head_dim(key) * rows + p_tile + BARRIER_BYTES * (2 + 4 * cfg.stages) + tile_slot
 
 
 def sm90_infeasible_reason(key: FwdKey, cfg: Sm90FwdConfig) -> str | None:

@@ -64,6 +64,11 @@ CASES = [  # dtype, head dim, config, mask, batch, seqlen_q, seqlen_k, nheads, n
     ("bf16", 64, "wgm192n112s4_serial_persist", "causal", 3, 777, 555, 16, 16, "rising"),
     ("fp16", 128, "wgm128n128s2p_serial", "none", 2, 300, 517, 4, 2, ""),
     ("bf16", 256, "wgm128n32s2p_serial_persist", "win32_0", 2, 300, 900, 4, 1, "softcap"),
+    # P V with P from shared memory, stored with stmatrix (32-byte swizzle atoms at 112 and 80 keys, else 128-byte)
+    ("bf16", 64, "wgm192n112s4_ss_persist", "causal", 3, 777, 555, 16, 16, "rising"),
+    ("fp16", 128, "wgm128n80s2p_ss", "none", 2, 300, 517, 4, 2, ""),
+    ("bf16", 128, "wgm128n128s2_ss_persist", "causal", 2, 1000, 1300, 8, 2, ""),
+    ("bf16", 256, "wgm128n64s2_serial_ss", "win32_0", 1, 257, 700, 4, 1, "alibi"),
 ]
 
 

@@ -227,19 +227,19 @@ def test_a_bucket_first_measures_the_database_winners(tmp_path):
 
 def test_precompile_fills_the_kernel_cache_for_the_tune(tmp_path, monkeypatch, capsys):
     """--precompile compiles a family's feasible space in batches with no GPU; the tune's compile step then finds
-    every kernel in the cache (the sm90 hdim 256 causal space: 4 tilings, each with and without intra-warpgroup
-    overlap)."""
+    every kernel in the cache (the sm90 hdim 256 causal space: 12 tilings, 4 key tiles and ping-pong settings with
+    and without intra-warpgroup overlap, P from registers or, where it fits, from shared memory)."""
     from flash_gen.search.tune import compile_candidate, precompile
 
     monkeypatch.setenv("FLASH_GEN_CACHE_DIR", str(tmp_path))  # inherited by the compile worker processes
     fam = space.Family("fwd", "sm90", "bf16", 256, "causal")
     assert precompile([fam], jobs=2) == 0
-    assert "8 kernels in 1 families: 0 were cached, 8 compiled" in capsys.readouterr().out
+    assert "12 kernels in 1 families: 0 were cached, 12 compiled" in capsys.readouterr().out
     start = time.monotonic()
     assert all(compile_candidate(fam, cfg) is None for cfg in space.feasible_configs(fam))
     assert time.monotonic() - start < 5  # cache hits, not compiles
     assert precompile([fam], jobs=2) == 0
-    assert "8 were cached, 0 compiled" in capsys.readouterr().out
+    assert "12 were cached, 0 compiled" in capsys.readouterr().out
 
 
 def test_bucket_option_tunes_and_collects_only_the_named_buckets(tmp_path, capsys):

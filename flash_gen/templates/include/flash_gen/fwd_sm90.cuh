@@ -3,10 +3,10 @@
 //     swizzled shared-memory buffers; full/empty mbarriers hand buffers to and from the consumers. It gives its
 //     registers to the consumers (setmaxnreg).
 //   warpgroups 1..kConsumers (1 to 3; with one, two CTAs share an SM): 64 query rows each. S = Q K^T reads both
-//     operands from shared memory (SS), O += P V takes P from registers (RS) and V read head-dim-major. Within a
-//     warpgroup the softmax of tile j runs while the tensor cores compute P_{j-1} V_{j-1} (intra-warpgroup
-//     overlap); with kPingPong the consumer warpgroups take turns issuing their GEMMs (named barriers), so one's
-//     softmax overlaps the others' GEMMs.
+//     operands from shared memory (SS), O += P V takes P from registers (RS; kPInSmem: from shared memory) and V
+//     read head-dim-major. Within a warpgroup the softmax of tile j runs while the tensor cores compute
+//     P_{j-1} V_{j-1} (intra-warpgroup overlap, unless kOverlap is off); with kPingPong the consumer warpgroups
+//     take turns issuing their GEMMs (named barriers), so one's softmax overlaps the others' GEMMs.
 // With kPersistent as many CTAs as fit on the SMs walk the query tiles (Sm90Tile, sm90_tile_of_round), so a tile's
 // Q and first K/V loads overlap the previous tile's epilogue (O has a staging buffer of its own) and no CTA launch
 // sits between tiles; otherwise each CTA serves one tile (the loops below run once, and the registers that carry
@@ -32,7 +32,8 @@
 namespace flash_gen {
 
 template <class Element_, int kHeadDim_, int kConsumers_, int kBlockN_, int kStages_, bool kPingPong_,
-          bool kPersistent_, Mask kMask_, bool kSoftcap_, bool kAlibi_, bool kVarlen_, bool kOverlap_>
+          bool kPersistent_, Mask kMask_, bool kSoftcap_, bool kAlibi_, bool kVarlen_, bool kOverlap_,
+          bool kPInSmem_>
 struct Sm90FwdTraits {
   using Element = Element_;
   // The head dim rounded up to 64 (flash_gen.spec_sm90.sm90_head_dim): the TMA boxes zero-fill the columns past
@@ -48,6 +49,8 @@ struct Sm90FwdTraits {
   // Intra-warpgroup overlap: step j's softmax runs while step j-1's P V GEMM computes. Without it each step runs
   // S, softmax and P V in turn (the tensor cores then see only the other warpgroups' GEMMs during a softmax).
   static constexpr bool kOverlap = kOverlap_;
+  // The P V GEMM reads P from shared memory (SS) instead of registers (RS): P is stored after its conversion.
+  static constexpr bool kPInSmem = kPInSmem_;
   static constexpr int kConsumerThreads = 128 * kConsumers;
   static constexpr int kNThreads = 128 + kConsumerThreads;  // the producer warpgroup first
   // setmaxnreg budgets (multiples of 8) filling the 64K-register file: producer + consumers, per CTA on the SM.
@@ -68,9 +71,13 @@ struct Sm90FwdTraits {
   using MmaS = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockN>, Int<kHeadDim>>>(),
       Layout<Shape<Int<kConsumers>, _1, _1>>{}));
+  using PVShape = Shape<_64, Int<kHeadDim>, Int<kBlockN>>;
   using MmaO = decltype(make_tiled_mma(
-      GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockN>>, GMMA::Major::K,
-                           GMMA::Major::MN>(),
+      cute::conditional_t<kPInSmem,
+                          decltype(GMMA::ss_op_selector<Element, Element, float, PVShape, GMMA::Major::K,
+                                                        GMMA::Major::MN>()),
+                          decltype(GMMA::rs_op_selector<Element, Element, float, PVShape, GMMA::Major::K,
+                                                        GMMA::Major::MN>())>{},
       Layout<Shape<Int<kConsumers>, _1, _1>>{}));
 
   // 8 rows x 64 elements atoms, 16-byte chunks XOR-swizzled: the layout TMA's 128-byte swizzle writes. Atoms run
@@ -82,6 +89,12 @@ struct Sm90FwdTraits {
   using SmemLayoutVt = decltype(composition(
       SmemLayoutKV{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{}, Step<_2, _1, _3>{})));
 
+  // P (query rows x keys, keys contiguous) in the widest swizzle whose atom divides the key tile.
+  using SmemAtomP = cute::conditional_t<
+      kBlockN % 64 == 0, GMMA::Layout_K_SW128_Atom<Element>,
+      cute::conditional_t<kBlockN % 32 == 0, GMMA::Layout_K_SW64_Atom<Element>, GMMA::Layout_K_SW32_Atom<Element>>>;
+  using SmemLayoutP = decltype(tile_to_shape(SmemAtomP{}, Shape<Int<kBlockM>, Int<kBlockN>>{}));
+
   struct Barriers {
     MBarrier q_full, q_empty, k_full[kStages], v_full[kStages], k_empty[kStages], v_empty[kStages];
   };
@@ -91,11 +104,12 @@ struct Sm90FwdTraits {
   // this tile's O is written and stored; otherwise through the Q buffer (a CTA's one tile needs Q no more).
   static constexpr bool kSeparateO = kPersistent;
   static constexpr int kOBytes = kSeparateO ? kQBytes : 0;
+  static constexpr int kPBytes = kPInSmem ? int(sizeof(Element)) * kBlockM * kBlockN : 0;
   // Persistent CTAs: the producer publishes each tile (an Sm90Tile) in shared memory with its Q, so the consumers
   // do not repeat the integer divisions that locate it (about a thousand cycles between tiles on the H200).
   static constexpr int kTileSlotBytes = kPersistent ? 64 : 0;
   static constexpr int kSmemBytes =
-      kQBytes + 2 * kStages * kKVTileBytes + kOBytes + int(sizeof(Barriers)) + kTileSlotBytes;
+      kQBytes + 2 * kStages * kKVTileBytes + kOBytes + kPBytes + int(sizeof(Barriers)) + kTileSlotBytes;
 };
 
 // Issue the wgmmas of one GEMM as one batch (waited for with warpgroup_wait). kZeroInit overwrites the accumulator.
@@ -264,7 +278,8 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
   Element* smem_k = smem_q + kBlockM * kD;
   Element* smem_v = smem_k + kStages * kBlockN * kD;
   Element* smem_o = T::kSeparateO ? smem_v + kStages * kBlockN * kD : smem_q;
-  Barriers& bars = *reinterpret_cast<Barriers*>(smem_v + kStages * kBlockN * kD + T::kOBytes / sizeof(Element));
+  Element* smem_p = smem_v + kStages * kBlockN * kD + T::kOBytes / sizeof(Element);
+  Barriers& bars = *reinterpret_cast<Barriers*>(smem_p + T::kPBytes / sizeof(Element));
   static_assert(!T::kPersistent || sizeof(Sm90Tile<T>) <= T::kTileSlotBytes, "the tile slot holds an Sm90Tile");
   Sm90Tile<T>* tile_slot = reinterpret_cast<Sm90Tile<T>*>(reinterpret_cast<char*>(&bars) + sizeof(Barriers));
   const int m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;  // dense only
@@ -321,6 +336,32 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
   Tensor s_rc = make_tensor(acc_s.data(), gmma_rowcol(acc_s.layout()));
   Tensor p_frag = make_tensor<Element>(acc_s.layout());
   Tensor tOrP = make_tensor(p_frag.data(), gmma_acc_as_a(p_frag.layout()));
+  // With P in shared memory: its tile, the register-to-shared copy of the accumulator layout, and the SS GEMM's A
+  // descriptors; otherwise the A operand is tOrP itself.
+  Tensor sP = make_tensor(make_smem_ptr(smem_p), typename T::SmemLayoutP{});
+  auto p_store = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_s);  // stmatrix
+  auto thr_p_store = p_store.get_thread_slice(tidx);
+  auto tOaP = [&] {
+    if constexpr (T::kPInSmem) return thr_o.partition_fragment_A(sP);
+    else return tOrP;
+  }();
+  // P_j from S_j (after the P V GEMM that read the previous P has completed). In shared memory: every warp's part
+  // stored and fenced for the async proxy before the GEMM of any warp of the warpgroup reads it (named barrier
+  // 2 C + 1 + w, after the ping-pong and epilogue ids).
+  auto make_p = [&] {
+    convert_pairs(acc_s, p_frag);
+    if constexpr (T::kPInSmem) {
+      Tensor src = thr_p_store.retile_S(p_frag);
+      Tensor dst = thr_p_store.partition_D(sP);
+      copy(p_store, src, dst);
+      fence_smem_for_async_proxy();
+      named_barrier_sync(2 * T::kConsumers + 1 + wg, 128);
+    }
+  };
+  auto issue_pv = [&](int stage) {
+    if constexpr (!T::kPInSmem) warpgroup_fence_operand(tOrP);
+    wgmma_issue<false>(mma_o, tOaP, thr_o.partition_fragment_B(sVt(_, _, stage)), acc_o);
+  };
   // Per-row factors that bring O to the current row maxima, applied just before the next P V GEMM adds to O (the
   // one in flight still accumulates under the old maxima); skipped by warps where no row's maximum was raised.
   float o_scale[kRows];
@@ -395,12 +436,11 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
         release(bars.k_empty[stage]);
         release_q_after(n);
         scores(n);
-        convert_pairs(acc_s, p_frag);
+        make_p();
         rescale_o();  // O is zero at the first step, so a rescale there changes nothing
         bars.v_full[stage].wait(phase);
         wait_turn();
-        warpgroup_fence_operand(tOrP);
-        wgmma_issue<false>(mma_o, tOrP, thr_o.partition_fragment_B(sVt(_, _, stage)), acc_o);
+        issue_pv(stage);
         pass_turn();
         warpgroup_wait<0>();
         warpgroup_fence_operand(acc_o);
@@ -437,13 +477,12 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
         stage = it % kStages;
         bars.k_full[stage].wait((it / kStages) & 1);
         finish_pv();
-        convert_pairs(acc_s, p_frag);
+        make_p();
         wait_turn();
         wgmma_issue<true>(mma_s, tSrQ, thr_s.partition_fragment_B(sK(_, _, stage)), acc_s);
         rescale_o();
         bars.v_full[prev].wait(prev_phase);
-        warpgroup_fence_operand(tOrP);
-        wgmma_issue<false>(mma_o, tOrP, thr_o.partition_fragment_B(sVt(_, _, prev)), acc_o);
+        issue_pv(prev);
         pv_stage = prev;
         pass_turn();
         warpgroup_wait<1>();  // S_n done, P V still running
@@ -454,11 +493,10 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
       }
       // P V of the last key step.
       finish_pv();
-      convert_pairs(acc_s, p_frag);
+      make_p();
       rescale_o();
       bars.v_full[stage].wait((it / kStages) & 1);
-      warpgroup_fence_operand(tOrP);
-      wgmma_issue<false>(mma_o, tOrP, thr_o.partition_fragment_B(sVt(_, _, stage)), acc_o);
+      issue_pv(stage);
       warpgroup_wait<0>();
       warpgroup_fence_operand(acc_o);
       release(bars.v_empty[stage]);
