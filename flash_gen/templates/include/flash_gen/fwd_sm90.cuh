@@ -421,24 +421,28 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
       row_sum[r] = 0.f;
     }
     clear(acc_o);
+    // S of key step n (stage `it % kStages`) with nothing else in flight: wait for K, compute, release K (and Q
+    // after the tile's last step).
+    auto s_alone = [&](int n, int stage) {
+      bars.k_full[stage].wait((it / kStages) & 1);
+      wait_turn();
+      wgmma_issue<true>(mma_s, tSrQ, thr_s.partition_fragment_B(sK(_, _, stage)), acc_s);
+      pass_turn();
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(acc_s);
+      release(bars.k_empty[stage]);
+      release_q_after(n);
+    };
 
     if (!T::kOverlap) {
       // Each key step in turn: S, its softmax, then P V. Two ping-pong turns per step, one per GEMM.
       for (int n = tile.n_min; n < tile.n_max; ++n, ++it) {
         const int stage = it % kStages;
-        const uint32_t phase = (it / kStages) & 1;
-        bars.k_full[stage].wait(phase);
-        wait_turn();
-        wgmma_issue<true>(mma_s, tSrQ, thr_s.partition_fragment_B(sK(_, _, stage)), acc_s);
-        pass_turn();
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(acc_s);
-        release(bars.k_empty[stage]);
-        release_q_after(n);
+        s_alone(n, stage);
         scores(n);
         make_p();
         rescale_o();  // O is zero at the first step, so a rescale there changes nothing
-        bars.v_full[stage].wait(phase);
+        bars.v_full[stage].wait((it / kStages) & 1);
         wait_turn();
         issue_pv(stage);
         pass_turn();
@@ -449,14 +453,7 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
     } else if (tile.n_min < tile.n_max) {
       // Prologue: S of the first key step alone.
       int stage = it % kStages;
-      bars.k_full[stage].wait((it / kStages) & 1);
-      wait_turn();
-      wgmma_issue<true>(mma_s, tSrQ, thr_s.partition_fragment_B(sK(_, _, stage)), acc_s);
-      pass_turn();
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(acc_s);
-      release(bars.k_empty[stage]);
-      release_q_after(tile.n_min);
+      s_alone(tile.n_min, stage);
       scores(tile.n_min);
       o_scale_pending = false;  // O is still zero
 
