@@ -53,3 +53,23 @@ def smem_bytes(key: FwdKey, cfg: FwdTiling) -> int:
     if isinstance(cfg, Sm90FwdConfig):
         return spec_sm90.sm90_smem_bytes(key, cfg)
     return spec.smem_bytes(key, cfg)
+
+
+def pack_gqa_pays(key: FwdKey, seqlen_q: int, group: int) -> bool:
+    """Whether a call of the unpacked `key` with `group` query heads per KV head should run its pack-GQA key:
+    when the packed kernel's default tiling takes at least 10% fewer query tiles per KV head than the unpacked
+    one's. A tile costs the same key steps either way, so with few query positions (decoding-like steps, chunked
+    prefill) unpacked tiles run mostly empty rows. Not for ALiBi (a slope per head) or packed ragged batches."""
+    if group == 1 or key.alibi or key.varlen or key.pack_gqa:
+        return False
+    packed_key = dataclasses.replace(key, pack_gqa=True)
+    packed_cfg = default_config(packed_key)
+    if isinstance(packed_cfg, Sm90FwdConfig):
+        positions = spec_sm90.packed_positions(packed_cfg, group)
+        if positions == 0:
+            return False
+        packed = -(-seqlen_q // positions)
+    else:
+        packed = -(-seqlen_q * group // packed_cfg.block_m)
+    unpacked = group * -(-seqlen_q // default_config(key).block_m)
+    return 10 * packed <= 9 * unpacked

@@ -73,8 +73,9 @@ class FwdKey:
     # from cu_seqlens_k (flash_attn_varlen_func with block_table).
     kv: str = "dense"
     split: bool = False  # split-KV: each CTA covers a share of the keys and writes fp32 partials to combine
-    # KV-cache kernels: one CTA serves all query heads of a KV head, their rows stacked along the query tile, so
-    # each K/V tile is read once per group instead of once per query head (decoding reads little else).
+    # GQA/MQA: one CTA serves all query heads of a KV head, their rows stacked along the query tile, so each K/V
+    # tile is read once per group instead of once per query head (decoding reads little else) and few query rows
+    # still fill a tile (the runtime packs dense calls where that needs fewer tiles: fwd_tilings.pack_gqa_pays).
     pack_gqa: bool = False
 
     def __post_init__(self) -> None:
@@ -88,8 +89,10 @@ class FwdKey:
             raise ValueError(f"mask must be one of {MASKS}, got {self.mask!r}")
         if self.kv not in KV_LAYOUTS:
             raise ValueError(f"kv must be one of {KV_LAYOUTS}, got {self.kv!r}")
-        if (self.split or self.pack_gqa) and (self.kv == "dense" or self.varlen):
-            raise ValueError("split-KV and pack_gqa are built for KV-cache kernels with dense queries only")
+        if self.split and (self.kv == "dense" or self.varlen):
+            raise ValueError("split-KV is built for KV-cache kernels with dense queries only")
+        if self.pack_gqa and self.varlen:
+            raise ValueError("pack_gqa stacks the heads of dense query batches, not packed ragged ones")
         if self.pack_gqa and self.alibi:
             raise ValueError("pack_gqa stacks several heads in one tile; ALiBi's per-head slopes need one head")
 
@@ -239,7 +242,7 @@ def enumerate_keys(
     """The forward key space: every (arch, dtype, head dim, mask, softcap, alibi, varlen) combination."""
     layouts = [(packed, kv, False, False) for packed in varlen for kv in KV_LAYOUTS] + [
         (False, kv, True, False) for kv in KV_LAYOUTS[1:]
-    ] + [(False, kv, split, True) for kv in KV_LAYOUTS[1:] for split in (False, True)]
+    ] + [(False, kv, split, True) for kv in KV_LAYOUTS for split in (False, True) if not (split and kv == "dense")]
     for arch, dtype, hd, mask in itertools.product(archs, dtypes, head_dims, masks):
         for softcap, alibi, (packed, kv, split, pack) in itertools.product((False, True), (False, True), layouts):
             if not (alibi and pack):

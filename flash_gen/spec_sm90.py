@@ -2,9 +2,9 @@
 
 Issue 7: a TMA producer warpgroup and one to three wgmma consumer warpgroups (64 query rows each) with
 intra-warpgroup overlap, optional ping-pong and persistent CTAs (docs/hopper_forward.md). Keys are the forward's
-FwdKey; dense, unpacked keys on sm90 with any head dim up to 256 are supported so far (computed as the next
-multiple of 64: TMA boxes of 64 columns zero-fill the columns past head_dim on load and drop them on store), with
-or without softcap and ALiBi. Must not import torch or cuda.
+FwdKey; keys on sm90 with dense K/V (packed ragged batches or not, pack-GQA or not) and any head dim up to 256 are
+supported so far (computed as the next multiple of 64: TMA boxes of 64 columns zero-fill the columns past
+head_dim on load and drop them on store), with or without softcap and ALiBi. Must not import torch or cuda.
 """
 
 from __future__ import annotations
@@ -72,6 +72,12 @@ def sm90_head_dim(key: FwdKey) -> int:
     return -(-key.head_dim // 64) * 64
 
 
+def packed_positions(cfg: Sm90FwdConfig, group: int) -> int:
+    """Query positions per tile of the pack-GQA kernel: a consumer warpgroup's 64 rows hold 64 // group whole
+    positions of the group's heads (a group of 7 fills 63 rows); 0 for groups over 64, which cannot pack."""
+    return cfg.consumers * (ROWS_PER_CONSUMER // group)
+
+
 def needs_extended_wgmma(cfg: Sm90FwdConfig) -> bool:
     """Whether the S GEMM's N (block_n) needs CuTe's extended wgmma shapes to stay one instruction per k-step
     (the P V GEMM's N, the head dim, is a multiple of 64 and always basic)."""
@@ -99,9 +105,8 @@ def sm90_infeasible_reason(key: FwdKey, cfg: Sm90FwdConfig) -> str | None:
     """Why the Hopper kernel cannot run `key` with `cfg` (None when it can)."""
     if key.arch != "sm90":
         return f"wgmma kernels are built for sm90, not {key.arch}"
-    unsupported = [f for f in ("split", "pack_gqa") if getattr(key, f)]
-    if unsupported or key.kv != "dense":
-        return f"not supported yet: {', '.join(unsupported) or key.kv}"
+    if key.split or key.kv != "dense":
+        return f"not supported yet: {'split' if key.split else key.kv}"
     if key.varlen and cfg.persistent:
         return "varlen runs one CTA per tile (each CTA finds its tile with a warp-collective scan)"
     if key.head_dim % 8 or key.head_dim > 256:

@@ -6,7 +6,8 @@ kernel read or write outside its tensors):
     compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 python3 scripts/memcheck_cases.py
 
 Malformed values give meaningless numbers; only memory safety is checked here (the GPU tests check results).
-Uses kernels tests/test_{varlen,kvcache,bwd}_gpu.py use (prebuilt by scripts/prebuild_gpu_test_kernels.py).
+Uses kernels tests/test_{varlen,kvcache,bwd}_gpu.py and benchmarks/bench_pack_gqa.py use (prebuilt by
+scripts/prebuild_gpu_test_kernels.py).
 """
 
 from __future__ import annotations
@@ -58,6 +59,17 @@ def dense_backward_cases() -> int:
     return len(cases)
 
 
+def pack_gqa_cases() -> int:
+    """GQA calls with few query positions, which the runtime runs pack-GQA: groups of 8 and 7 (a warpgroup's
+    last row unused), causal and not, a single position."""
+    cases = [(2, 37, 700, 16, 2, True), (1, 5, 300, 14, 2, False), (3, 1, 129, 8, 1, True)]
+    for b, sq, sk, h, hk, causal in cases:
+        q = torch.randn(b, sq, h, 128, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(b, sk, hk, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        flash_attn_func(q, k, v, causal=causal)
+    return len(cases)
+
+
 def kvcache_cases() -> int:
     batch, capacity, hk = 3, 700, 2
     q = torch.randn(batch, 4, 8, 128, device="cuda", dtype=torch.bfloat16)
@@ -88,6 +100,6 @@ def kvcache_cases() -> int:
 
 
 if __name__ == "__main__":
-    n = varlen_cases() + dense_backward_cases() + kvcache_cases()
+    n = varlen_cases() + dense_backward_cases() + pack_gqa_cases() + kvcache_cases()
     torch.cuda.synchronize()
     print(f"memcheck_cases: {n} calls completed")

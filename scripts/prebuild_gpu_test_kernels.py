@@ -42,7 +42,7 @@ def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvca
     import test_varlen_gpu as tv
 
     from flash_gen import bwd_tilings
-    from flash_gen.fwd_tilings import config_from_name, default_config, infeasible_reason
+    from flash_gen.fwd_tilings import config_from_name, default_config, infeasible_reason, pack_gqa_pays
     from flash_gen.spec import FwdKey
     from flash_gen.spec_bwd import BwdKey
     from flash_gen.validate import derive_mask
@@ -62,7 +62,10 @@ def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvca
     for c in cases:
         causal, window = t.MASKS[c.mask]
         mask, _ = derive_mask(causal, window, c.seqlen_q, c.seqlen_k)
-        out.add(default(c.dtype, c.head_dim, mask, c.feature == "softcap", c.feature.startswith("alibi")))
+        key, cfg = default(c.dtype, c.head_dim, mask, c.feature == "softcap", c.feature.startswith("alibi"))
+        out.add((key, cfg))
+        if pack_gqa_pays(key, c.seqlen_q, c.nheads // c.nheads_k):  # the runtime packs this call
+            out.add(default(c.dtype, c.head_dim, mask, c.feature == "softcap", pack=True))
         if isinstance(c, tb.Case):
             out.add(default_bwd(c.dtype, c.head_dim, mask, c.feature == "softcap", c.feature.startswith("alibi"),
                                 c.deterministic))
@@ -109,7 +112,8 @@ def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvca
 
         for dtype, d, name, mask_name, _, sq, sk, _, _, feature in ts.CASES:
             mask = derive_mask(*t.MASKS[mask_name], sq, sk)[0]
-            key = FwdKey(arch, dtype, d, mask, feature == "softcap", feature.startswith("alibi"))
+            feats = feature.split("+")
+            key = FwdKey(arch, dtype, d, mask, "softcap" in feats, feature.startswith("alibi"), pack_gqa="pack" in feats)
             out.add((key, config_from_name(name)))
         for d, mask, name in itertools.product((64, 128, 256), ("none", "causal"), SM90_BENCH_CONFIGS):
             key, cfg = FwdKey(arch, "bf16", d, mask), config_from_name(name)
@@ -120,6 +124,8 @@ def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvca
             for name in names:
                 for mask in ("none", "causal"):
                     out.add((FwdKey(arch, "bf16", head_dim, mask), config_from_name(name)))
+        for name, mask in itertools.product(t.PACKED_CONFIGS, ("none", "causal", "local")):
+            out.add((FwdKey(arch, "bf16", 64, mask, pack_gqa=True), config_from_name(name)))
         for dtype in ("fp16", "bf16"):  # the packed-qkv, API and requires_grad tests
             out.update(default(dtype, 64, mask) for mask in ("none", "causal"))
     if "bench" in suites:  # flash-gen bench's defaults and benchmarks/bench_varlen.py's
@@ -130,6 +136,7 @@ def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvca
             out.update((default("bf16", 128, mask, varlen=True), default_bwd("bf16", 128, mask, varlen=True)))
             out.update(default("bf16", 128, mask, kv=kv, split=split, pack=True) for kv in ("cache", "paged")
                        for split in (False, True))  # benchmarks/bench_decode.py (GQA 32/8)
+            out.add(default("bf16", 128, mask, pack=True))  # benchmarks/bench_pack_gqa.py, memcheck_cases.py
     # Tilings the shipped tuning database picks for keys the suites use (the runtime prefers them).
     from flash_gen.tuned import live_configs
 

@@ -207,21 +207,37 @@ CONFIGS = {
 }
 
 
-@pytest.mark.parametrize("causal", [False, True], ids=["none", "causal"])
-@pytest.mark.parametrize("head_dim,config", [(d, c) for d, cs in CONFIGS.items() for c in cs])
-def test_configs_match_reference(head_dim: int, config: str, causal: bool):
+def _check_forced(case: Case, config: str, pack_gqa: bool = False) -> None:
+    """The runtime's forward forced to tiling `config` (and pack-GQA or not) against the float64 reference."""
+    from flash_gen.fwd_tilings import config_from_name
     from flash_gen.runtime.fwd import attention_fwd
-    from flash_gen.spec import config_from_name
 
     seed = fresh_seed()
-    case = Case("bf16", head_dim, 333, 461, 3, 4, 2, "causal" if causal else "none")
     q, k, v, _ = _inputs(case, seed)
+    causal, window = MASKS[case.mask]
+    args = validate_fwd(q, k, v, causal=causal, window_size=window)
     out = torch.full_like(q, float("nan"))
-    attention_fwd(q, k, v, softmax_scale=head_dim**-0.5, causal=causal, window_size=(-1, -1), softcap=0.0,
-                  alibi_slopes=None, out=out, config=config_from_name(config))
-    ref = dict(scale=head_dim**-0.5, causal=causal, window=(-1, -1), softcap=0.0, alibi_slopes=None)
+    attention_fwd(q, k, v, softmax_scale=args.softmax_scale, causal=args.causal, window_size=args.window_size,
+                  softcap=0.0, alibi_slopes=None, out=out, config=config_from_name(config), pack_gqa=pack_gqa)
+    ref = dict(scale=case.head_dim**-0.5, causal=causal, window=window, softcap=0.0, alibi_slopes=None)
     out64, _ = attention_ref(q, k, v, **ref, upcast=True)
     out_low, _ = attention_ref(q, k, v, **ref, upcast=False)
     err = (out.double() - out64).abs().max().item()
     tol = 2 * (out_low.double() - out64).abs().max().item() + 1e-5
     assert err <= tol, f"{case} {config} seed={seed}: max|out - ref64| = {err:.3e} > {tol:.3e}"
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["none", "causal"])
+@pytest.mark.parametrize("head_dim,config", [(d, c) for d, cs in CONFIGS.items() for c in cs])
+def test_configs_match_reference(head_dim: int, config: str, causal: bool):
+    _check_forced(Case("bf16", head_dim, 333, 461, 3, 4, 2, "causal" if causal else "none"), config)
+
+
+PACKED_CONFIGS = ("m128n64w4s1", "m64n64w4s2")
+
+
+@pytest.mark.parametrize("mask", ["none", "causal", "win32_0"])
+@pytest.mark.parametrize("config", PACKED_CONFIGS)
+def test_portable_pack_gqa_matches_reference(config: str, mask: str):
+    """Pack-GQA over dense K/V on the portable kernel: each tile stacks a KV head's 7 query heads (few positions)."""
+    _check_forced(Case("bf16", 64, 37, 300, 2, 14, 2, mask), config, pack_gqa=True)

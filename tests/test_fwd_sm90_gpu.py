@@ -69,38 +69,51 @@ CASES = [  # dtype, head dim, config, mask, batch, seqlen_q, seqlen_k, nheads, n
     ("fp16", 128, "wgm128n80s2p_ss", "none", 2, 300, 517, 4, 2, ""),
     ("bf16", 128, "wgm128n128s2_ss_persist", "causal", 2, 1000, 1300, 8, 2, ""),
     ("bf16", 256, "wgm128n64s2_serial_ss", "win32_0", 1, 257, 700, 4, 1, "alibi"),
+    # pack-GQA: a warpgroup's 64 rows hold 64 // group positions of a KV head's query heads (groups of 3 and 7
+    # leave a row unused; 64: one position per warpgroup), the ragged tile first under causal masks
+    ("bf16", 128, "wgm128n128s2_persist", "causal", 2, 37, 700, 16, 2, "pack"),
+    ("fp16", 64, "wgm192n128s2p", "none", 3, 1, 555, 8, 1, "pack"),
+    ("bf16", 128, "wgm128n128s2p", "win32_0", 2, 100, 333, 14, 2, "pack"),
+    ("bf16", 256, "wgm128n64s2", "causal", 1, 129, 129, 6, 2, "pack"),
+    ("bf16", 64, "wgm64n128s2", "causal", 2, 77, 300, 4, 1, "pack"),
+    ("bf16", 64, "wgm128n128s2p", "causal", 1, 5, 300, 64, 1, "pack"),
+    ("bf16", 128, "wgm128n128s2p_persist", "causal", 3, 1000, 1000, 8, 2, "pack"),
+    ("fp16", 128, "wgm128n80s2p_ss", "causal", 2, 50, 400, 12, 4, "pack+softcap"),
+    ("bf16", 40, "wgm192n112s4_serial_persist", "win32_0", 2, 300, 517, 8, 2, "pack+rising"),
 ]
 
 
 SOFTCAP = 5.0  # small enough that the cap bends the scores of unit-variance inputs
 
 
-def _run(q, k, v, cfg: Sm90FwdConfig, causal: bool, window, softcap: float = 0.0, alibi_slopes=None):
-    """The runtime's forward forced to the Hopper kernel, output poisoned with NaN."""
+def _run(q, k, v, cfg: Sm90FwdConfig, causal: bool, window, softcap: float = 0.0, alibi_slopes=None,
+         pack_gqa: bool = False):
+    """The runtime's forward forced to the Hopper kernel (packed or not), output poisoned with NaN."""
     from flash_gen.runtime.fwd import attention_fwd
 
     args = validate_fwd(q, k, v, causal=causal, window_size=window, softcap=softcap, alibi_slopes=alibi_slopes)
     out = torch.full_like(q, float("nan"))
     return attention_fwd(q, k, v, softmax_scale=args.softmax_scale, causal=args.causal, window_size=args.window_size,
-                         softcap=args.softcap, alibi_slopes=alibi_slopes, out=out, config=cfg)
+                         softcap=args.softcap, alibi_slopes=alibi_slopes, out=out, config=cfg, pack_gqa=pack_gqa)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
 def test_sm90_forward_matches_reference(case):
     dtype, d, name, mask, b, sq, sk, h, hk, feature = case
+    features = feature.split("+")
     seed = fresh_seed()
     gen = torch.Generator(device="cuda").manual_seed(seed)
     q, k, v = (torch.randn(b, s, n, d, generator=gen, device="cuda", dtype=DTYPES[dtype])
                for s, n in ((sq, h), (sk, hk), (sk, hk)))
-    if feature == "rising":  # key j scaled by 0.25 .. 6: score spread grows from about 1 to 20 (log2 units)
+    if "rising" in features:  # key j scaled by 0.25 .. 6: score spread grows from about 1 to 20 (log2 units)
         k = k * torch.linspace(0.25, 6.0, sk, device="cuda", dtype=torch.float32)[None, :, None, None].to(k.dtype)
     causal, window = MASKS[mask]
-    softcap = SOFTCAP if feature == "softcap" else 0.0
+    softcap = SOFTCAP if "softcap" in features else 0.0
     slopes = None
     if feature.startswith("alibi"):
         shape = (b, h) if feature == "alibi_batch" else (h,)
         slopes = torch.rand(shape, generator=gen, device="cuda", dtype=torch.float32) * 0.3
-    out, lse = _run(q, k, v, sm90_config_from_name(name), causal, window, softcap, slopes)
+    out, lse = _run(q, k, v, sm90_config_from_name(name), causal, window, softcap, slopes, "pack" in features)
     where = f"{case} seed={seed}"
     assert not out.isnan().any(), f"{where}: {int(out.isnan().sum())} outputs never written (still NaN)"
     ref = dict(scale=d**-0.5, causal=causal, window=window, softcap=softcap, alibi_slopes=slopes)

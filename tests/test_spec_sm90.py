@@ -66,7 +66,8 @@ def test_renders_and_compiles_without_spills_on_wgmma(tmp_path, monkeypatch):
                 (FwdKey("sm90", "fp16", 64, "local", softcap=True, alibi=True), Sm90FwdConfig()),
                 (FwdKey("sm90", "bf16", 128), Sm90FwdConfig(176, pingpong=False)),  # an N outside CuTe's basic set
                 (FwdKey("sm90", "bf16", 128, "causal"), Sm90FwdConfig(pingpong=False, persistent=True)),
-                (FwdKey("sm90", "bf16", 64, "causal", varlen=True), Sm90FwdConfig(block_m=192))]  # packed batch
+                (FwdKey("sm90", "bf16", 64, "causal", varlen=True), Sm90FwdConfig(block_m=192)),  # packed batch
+                (FwdKey("sm90", "bf16", 128, "causal", pack_gqa=True), Sm90FwdConfig(pingpong=False, persistent=True))]
     assert all(sm90_infeasible_reason(k, c) is None for k, c in variants)
     assert sm90_smem_bytes(*variants[0]) == 2 * 128 * (128 + 2 * 2 * 128) + 8 * (2 + 4 * 2)
     compiled = batches.compile_batch(variants)
@@ -77,9 +78,22 @@ def test_renders_and_compiles_without_spills_on_wgmma(tmp_path, monkeypatch):
         assert not r.wgmma_serialized, f"{c.entry}: ptxas serialised its wgmmas (C7515)"
         assert "wgmma.mma_async.sync.aligned.m64n128k16.f32" in r.ptx  # S = QK^T and O += PV
         assert "cp.async.bulk.tensor.4d" in r.ptx and "mbarrier.try_wait.parity" in r.ptx  # TMA ring
+        assert "cp.async.bulk.tensor.5d" in r.ptx  # Q and O: (head_dim, group's heads, seqlen, groups, batch)
         assert "setmaxnreg.inc.sync.aligned.u32 240" in r.ptx and "bar.arrive" in r.ptx  # consumers, ping-pong
         # 176 keys per step in one wgmma per k-step, not eleven of N = 16 (CuTe's extended shapes)
         assert "m64n176k16" in r.ptx and "m64n16k16" not in r.ptx
+
+
+def test_pack_gqa_pays_where_few_query_positions_leave_tiles_empty():
+    from flash_gen.fwd_tilings import pack_gqa_pays
+
+    key = FwdKey("sm90", "bf16", 128, "causal")  # 128-row tiles; packed, 2 x 64 // group positions
+    assert pack_gqa_pays(key, 1, 8) and pack_gqa_pays(key, 100, 8) and pack_gqa_pays(key, 1, 64)
+    assert not pack_gqa_pays(key, 2048, 8)  # full tiles either way: as many of them
+    assert not pack_gqa_pays(key, 1, 1) and not pack_gqa_pays(key, 1, 65)  # no group; over a warpgroup's rows
+    assert not pack_gqa_pays(dataclasses.replace(key, alibi=True), 1, 8)  # a slope per head
+    assert not pack_gqa_pays(dataclasses.replace(key, varlen=True), 1, 8)
+    assert pack_gqa_pays(FwdKey("sm80", "bf16", 128), 1, 128)  # the portable kernel stacks any group
 
 
 def test_cli_compile_accepts_hopper_config_names():

@@ -28,7 +28,7 @@ from flash_gen.runtime.score_params import (
     varlen_tiles,
 )
 from flash_gen.spec import FwdConfig, FwdKey, bucket_name, ctas_per_sm
-from flash_gen.spec_sm90 import ROWS_PER_CONSUMER, Sm90FwdConfig
+from flash_gen.spec_sm90 import ROWS_PER_CONSUMER, Sm90FwdConfig, packed_positions
 from flash_gen.tuned import tuned_config
 
 
@@ -77,10 +77,10 @@ _SM90_BASE = Sm90FwdParams.base.offset
 class _Variant:
     """A loaded kernel with its launch shape, cached per (device, dtype, head dim, mask, features)."""
 
-    __slots__ = ("kernel", "cfg", "smem", "block")
+    __slots__ = ("kernel", "cfg", "smem", "block", "pack_gqa")
 
-    def __init__(self, kernel: driver.Kernel, cfg: FwdConfig, smem: int) -> None:
-        self.kernel, self.cfg, self.smem = kernel, cfg, smem
+    def __init__(self, kernel: driver.Kernel, cfg: FwdTiling, smem: int, pack_gqa: bool) -> None:
+        self.kernel, self.cfg, self.smem, self.pack_gqa = kernel, cfg, smem, pack_gqa
         self.block = (cfg.num_threads, 1, 1)
 
 
@@ -116,7 +116,7 @@ def _variant(
             raise ValueError(f"config: {cfg.name} cannot run {key.name}: {why}")
         smem = fwd_tilings.smem_bytes(key, cfg)
         kernel = loader.get_kernel(lambda: render_many([(key, cfg)]), entry_name(key, cfg), arch, smem, device)
-        var = _variants[lookup] = _Variant(kernel, cfg, smem)
+        var = _variants[lookup] = _Variant(kernel, cfg, smem, pack_gqa)
     return var
 
 
@@ -159,6 +159,7 @@ def plan_fwd(
     block_table: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     config: FwdTiling | None = None,
+    pack_gqa: bool | None = None,
 ) -> FwdPlan:
     """The plan of an attention_fwd call (same arguments; only the shapes and strides of the tensors count)."""
     varlen = cu_seqlens_q is not None
@@ -167,14 +168,28 @@ def plan_fwd(
     if block_table is not None:  # pages holding whole key tiles (block_n <= 128) are read tile by tile
         kv, seqlen_k = ("paged" if k.shape[1] % 128 else "cache"), block_table.shape[1] * k.shape[1]
     device = q.device.index
-    var = _variant(device, DTYPES[q.dtype], q.shape[-1], mask_kind(causal, window_size), softcap > 0,
-                   alibi_slopes is not None, varlen, config, kv, bucket=bucket_name("fwd", seqlen_k))
+    nheads, seqlen_q, nheads_k = q.shape[-2], q.shape[-3], k.shape[-2]
+    group = nheads // nheads_k
+    features = (device, DTYPES[q.dtype], q.shape[-1], mask_kind(causal, window_size), softcap > 0,
+                alibi_slopes is not None, varlen)
+    if pack_gqa is None:
+        pack_gqa = kv == "dense" and fwd_tilings.pack_gqa_pays(
+            FwdKey(driver.device_arch(device), *features[1:]), seqlen_q, group)
+    var = _variant(*features, config, kv, pack_gqa=pack_gqa, bucket=bucket_name("fwd", seqlen_k))
     out_stride = out.stride() if out is not None else _contiguous_strides(q.shape)
     shape = _shape(q, k, v, out_stride, batch, seqlen_k, causal=causal, window_size=window_size,
                    softmax_scale=softmax_scale, softcap=softcap, alibi_slopes=alibi_slopes)
-    nheads, seqlen_q = q.shape[-2], q.shape[-3]
     if varlen:
         grid = (varlen_tiles(seqlen_q, batch, var.cfg.block_m), nheads, 1)
+    elif pack_gqa:  # tiles of a KV head's whole group of query heads
+        if isinstance(var.cfg, Sm90FwdConfig):
+            positions = packed_positions(var.cfg, group)
+            if positions == 0:
+                raise ValueError(f"pack_gqa: {group} query heads per KV head do not fit one warpgroup's "
+                                 f"{ROWS_PER_CONSUMER} rows")
+            grid = (-(-seqlen_q // positions), nheads_k, batch)
+        else:
+            grid = (-(-seqlen_q * group // var.cfg.block_m), nheads_k, batch)
     else:
         grid = (-(-seqlen_q // var.cfg.block_m), nheads, batch)
     if isinstance(var.cfg, Sm90FwdConfig):  # a 1-D grid of query tiles; persistent: as many CTAs as fit walk them
@@ -239,6 +254,7 @@ def attention_fwd(
     block_table: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     config: FwdTiling | None = None,
+    pack_gqa: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward attention on validated inputs; returns (out, softmax_lse).
 
@@ -248,24 +264,26 @@ def attention_fwd(
     q (total_q, h, d), k/v (total_k, hk, d), softmax_lse (h, total_q); with a block_table (batch, pages; int32) as
     well, k/v are a paged cache (num_blocks, page_size, hk, d) holding entry b's cu_seqlens_k[b+1] -
     cu_seqlens_k[b] keys in its pages. `out`, when given, is written in place (shape of q, last dim contiguous).
-    `config` forces a tiling (benchmarks, the tuner); ValueError if it cannot run this key.
+    `config` forces a tiling (benchmarks, the tuner); ValueError if it cannot run this key. `pack_gqa` forces
+    pack-GQA on or off for dense batches (None: where fwd_tilings.pack_gqa_pays says so).
     """
     plan = plan_fwd(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
                     alibi_slopes=alibi_slopes, cu_seqlens_q=cu_seqlens_q, block_table=block_table, out=out,
-                    config=config)
+                    config=config, pack_gqa=pack_gqa)
     return run_fwd(plan, q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, block_table, out)
 
 
 def _sm90_params(shape: _Shape, var: _Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  out: torch.Tensor) -> Sm90FwdParams:
-    """The Hopper kernel's parameter template: TMA maps of q and out (boxes of a consumer warpgroup's 64 rows) and
-    of k and v (a key tile's rows), then the shape's FwdParams, kept per shape and address set
-    (tma.params_with_maps)."""
-    rows = var.cfg.block_n
+    """The Hopper kernel's parameter template: 5-D TMA maps of q and out (boxes of a consumer warpgroup's rows: 64
+    positions of one head, or packed 64 // group positions of a group's heads) and 4-D ones of k and v (a key
+    tile's rows), then the shape's FwdParams, kept per shape and address set (tma.params_with_maps)."""
+    group = q.shape[-2] // k.shape[-2] if var.pack_gqa else 1
+    positions, rows = ROWS_PER_CONSUMER // group, var.cfg.block_n
     return tma.params_with_maps(Sm90FwdParams, shape.params, shape.maps, (var, q.data_ptr(), k.data_ptr(),
                                                                           v.data_ptr(), out.data_ptr()),
-                                (("tma_q", q, ROWS_PER_CONSUMER), ("tma_k", k, rows), ("tma_v", v, rows),
-                                 ("tma_o", out, ROWS_PER_CONSUMER)))
+                                (("tma_q", q, positions, group), ("tma_k", k, rows), ("tma_v", v, rows),
+                                 ("tma_o", out, positions, group)))
 
 
 def attention_fwd_kvcache(

@@ -1,7 +1,7 @@
 """TMA tensor maps (CUtensorMap) for the Hopper kernels, encoded per call by libcuda on the host.
 
-A map describes a (batch, seqlen, heads, head_dim) tensor to the TMA unit as 4-D (head_dim innermost) with a box
-of 64 columns (one 128-byte swizzled row, CU_TENSOR_MAP_SWIZZLE_128B) by a tile's rows; rows past seqlen arrive
+A map describes a (batch, seqlen, heads, head_dim) tensor to the TMA unit as 4-D (head_dim innermost), or as 5-D
+with a GQA group's heads split out (encode_rows), with a box of 64 columns (one 128-byte swizzled row, CU_TENSOR_MAP_SWIZZLE_128B) by a tile's rows; rows past seqlen arrive
 as zeros. Encoding goes through ctypes, like the launch (driver.py): cuda-bindings converts each argument in
 Python (the runtime keeps encoded maps per shape and addresses, flash_gen.runtime.fwd._sm90_params). Must not
 import anything under flash_gen.build.
@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import itertools
+import operator
 
 import torch
 from cuda.bindings import driver as cu
@@ -25,8 +27,6 @@ _SWIZZLE_128B = int(cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B)
 _L2_256B = int(cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B)
 _INTERLEAVE_NONE = int(cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE)
 _OOB_ZERO = int(cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
-_Dims, _Strides, _Box = ctypes.c_uint64 * 4, ctypes.c_uint64 * 3, ctypes.c_uint32 * 4
-_UNIT = _Box(1, 1, 1, 1)  # element strides
 
 
 @functools.cache
@@ -38,19 +38,29 @@ def _encode_tiled() -> ctypes._CFuncPtr:
     return fn
 
 
-def encode_rows(dest: ctypes.Array | ctypes.Structure, offset: int, t: torch.Tensor, box_rows: int) -> None:
+def encode_rows(dest: ctypes.Array | ctypes.Structure, offset: int, t: torch.Tensor, box_rows: int,
+                group: int | None = None) -> None:
     """Write into `dest` at byte `offset` the map of `t` (batch, seqlen, heads, head_dim) with boxes of
-    BOX_COLS x `box_rows`. TMA needs a 16-byte aligned base and strides: flash_gen.validate already requires them
-    of every attention input (the portable kernels' vector loads do too)."""
+    BOX_COLS x `box_rows`. With `group`, the map is 5-D, (head_dim, group, seqlen, heads / group, batch), and a
+    box holds `box_rows` positions of a group's heads stacked position by position (BOX_COLS x group x box_rows):
+    the Hopper forward's Q and O, packed (pack-GQA) or with a group of 1. TMA needs a 16-byte aligned base and
+    strides: flash_gen.validate already requires them of every attention input (the portable kernels' vector loads
+    do too)."""
     b, s, h, d = t.shape
     sb, ss, sh, _ = t.stride()
-    size = t.element_size()
+    if group is None:
+        dims, strides, box = (d, s, h, b), (ss, sh, sb), (BOX_COLS, box_rows, 1, 1)
+    else:
+        dims, strides, box = (d, group, s, h // group, b), (sh, ss, group * sh, sb), (BOX_COLS, group, box_rows, 1, 1)
     # A dim of extent 1 is never stepped over, but TMA still checks its stride: give it the contiguous one.
-    dense = (d, d * s, d * s * h)
-    strides = _Strides(*((st if n > 1 else c) * size for n, st, c in zip((s, h, b), (ss, sh, sb), dense)))
-    err = _encode_tiled()(ctypes.addressof(dest) + offset, _DTYPE[t.dtype], 4, t.data_ptr(), _Dims(d, s, h, b),
-                          strides, _Box(BOX_COLS, box_rows, 1, 1), _UNIT, _INTERLEAVE_NONE, _SWIZZLE_128B, _L2_256B,
-                          _OOB_ZERO)
+    contiguous = itertools.accumulate(dims[:-1], operator.mul)
+    size = t.element_size()
+    byte_strides = [(st if n > 1 else c) * size for n, st, c in zip(dims[1:], strides, contiguous)]
+    rank = len(dims)
+    err = _encode_tiled()(ctypes.addressof(dest) + offset, _DTYPE[t.dtype], rank, t.data_ptr(),
+                          (ctypes.c_uint64 * rank)(*dims), (ctypes.c_uint64 * (rank - 1))(*byte_strides),
+                          (ctypes.c_uint32 * rank)(*box), (ctypes.c_uint32 * rank)(*[1] * rank), _INTERLEAVE_NONE,
+                          _SWIZZLE_128B, _L2_256B, _OOB_ZERO)
     if err:
         raise driver.cuda_error("cuTensorMapEncodeTiled", cu.CUresult(err))
 
@@ -59,17 +69,17 @@ MAPS_PER_SHAPE = 64  # address sets kept per shape (a training loop cycles throu
 
 
 def params_with_maps(struct: type, base: ctypes.Structure, cache: dict, key: tuple,
-                     maps: tuple[tuple[str, torch.Tensor, int], ...]) -> ctypes.Structure:
+                     maps: tuple[tuple, ...]) -> ctypes.Structure:
     """A Hopper kernel's parameter `struct`: TMA map fields first (`maps`: field, tensor (b, s, h, d) or packed
-    (s, h, d), box rows), then `base`, the shape's template (the same object for every call of a shape; per-call
+    (s, h, d), then encode_rows' box rows and, for a 5-D map, group), then `base`, the shape's template (the same object for every call of a shape; per-call
     addresses are patched in at launch). A map depends only on the address, shape, strides, dtype and box, so the
     struct is kept in `cache` (one per shape) under `key` (the variant and the addresses): a repeated call (the
     caching allocator hands out the same blocks step after step) encodes nothing. Callers must not modify it."""
     params = cache.get(key)
     if params is None:
         params = struct()
-        for field, t, rows in maps:
-            encode_rows(params, getattr(struct, field).offset, t if t.dim() == 4 else t[None], rows)
+        for field, t, *box in maps:
+            encode_rows(params, getattr(struct, field).offset, t if t.dim() == 4 else t[None], *box)
         params.base = base
         if len(cache) >= MAPS_PER_SHAPE:
             cache.clear()

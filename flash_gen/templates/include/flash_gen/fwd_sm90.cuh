@@ -13,6 +13,10 @@
 // state across tiles are free). Same FwdParams, masks, score modifiers (softcap, ALiBi) and softmax conventions
 // as the portable kernel (fwd_sm80.cuh), with its own softmax step (online_softmax.cuh); dense or packed ragged
 // (varlen) batches, no KV cache yet. O leaves through shared memory and TMA stores (varlen: plain stores).
+// With kPackGqa (GQA/MQA, few query rows) a tile serves every query head of one KV head: a warpgroup's 64 rows
+// stack the group's heads position by position (row = position x group + head), each K/V tile then feeds
+// group x as many rows. Q and O move through 5-D TMA maps (head_dim, heads of a group, seqlen, groups, batch)
+// whose boxes hold 64 / group whole positions; unpacked, the group is 1.
 #pragma once
 // Key tiles outside CuTe's basic wgmma N set need CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED defined before this header
 // (fwd_sm90.cu.j2 does it): otherwise its op selector splits, say, N = 176 into eleven N = 16 instructions.
@@ -33,7 +37,7 @@ namespace flash_gen {
 
 template <class Element_, int kHeadDim_, int kConsumers_, int kBlockN_, int kStages_, bool kPingPong_,
           bool kPersistent_, Mask kMask_, bool kSoftcap_, bool kAlibi_, bool kVarlen_, bool kOverlap_,
-          bool kPInSmem_>
+          bool kPInSmem_, bool kPackGqa_>
 struct Sm90FwdTraits {
   using Element = Element_;
   // The head dim rounded up to 64 (flash_gen.spec_sm90.sm90_head_dim): the TMA boxes zero-fill the columns past
@@ -63,6 +67,9 @@ struct Sm90FwdTraits {
   static constexpr bool kAlibi = kAlibi_;
   static constexpr bool kVarlen = kVarlen_;  // packed ragged batch (seq_info.cuh); one CTA per tile
   static_assert(!(kVarlen && kPersistent_), "varlen tiles are found by a warp-collective scan, once per CTA");
+  // Pack-GQA: rows of several heads per tile (the query positions per warpgroup a runtime 64 / group).
+  static constexpr bool kPackGqa = kPackGqa_;
+  static_assert(!(kPackGqa && (kVarlen || kAlibi)), "packed heads: dense batches, one ALiBi slope per tile");
   static constexpr int kBoxCols = 64;  // a TMA box row is one 128-byte swizzle row
   static_assert(kHeadDim % kBoxCols == 0, "128-byte swizzled rows: head dim a multiple of 64");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma N and TMA box rows");
@@ -153,16 +160,19 @@ constexpr long long kL2SectionBytes = 24ll << 20;  // about half the H100/H200 L
 
 template <class T>
 struct Sm90Tile {
+  // head: the Q/O maps' head coordinate (the query head; packed, the KV head, whose group's heads the tile stacks).
+  // row0: the query position of the tile's first row (packed: of its first `group` rows).
   int m_block, head, head_k, batch, row0, n_min, n_max;
-  int idle_wgs;  // leading consumer warpgroups whose 64 rows all lie before row 0
+  int idle_wgs;  // leading consumer warpgroups whose rows all lie before position 0
   // The entry's rows: dense, seqlen_q/k of every entry, reached through the TMA maps' batch coordinate
   // (tma_batch); varlen, rows [q_start, q_start + seqlen_q) of the packed tensors (tma_batch 0).
   int q_start = 0, k_start = 0, seqlen_q, seqlen_k, tma_batch;
   bool valid = true;  // varlen: false for the CTAs past the last tile (the grid is an upper bound)
 
-  // Dense: tile t of m_blocks per (batch, head). Varlen (warp-collective: every lane of the warp calls it): tile
-  // t of a grid of gridDim.x = nheads x (a bound on the summed per-entry tiles), head-major.
-  __device__ __forceinline__ Sm90Tile(FwdParams const& p, int m_blocks, int t) {
+  // Dense: tile t of m_blocks per (batch, head; packed: KV head). Varlen (warp-collective: every lane of the warp
+  // calls it): tile t of a grid of gridDim.x = nheads x (a bound on the summed per-entry tiles), head-major.
+  // A consumer warpgroup covers `wg_rows` query positions (64; packed, 64 / group).
+  __device__ __forceinline__ Sm90Tile(FwdParams const& p, int m_blocks, int t, int group, int wg_rows) {
     if constexpr (T::kVarlen) {
       const int per_head = gridDim.x / p.nheads;
       head = t / per_head;
@@ -177,9 +187,10 @@ struct Sm90Tile {
       tma_batch = 0;
     } else {
       int hb;
+      const int heads = T::kPackGqa ? p.nheads_k : p.nheads;
       if constexpr (MaskBounds<T::kMask>::kRight && T::kPersistent) {
         const long long kv_bytes = 2ll * p.seqlen_k * T::kHeadDim * int(sizeof(typename T::Element));
-        const int pairs = p.nheads * p.batch;
+        const int pairs = heads * p.batch;
         const int section = int(max(1ll, min(static_cast<long long>(pairs), kL2SectionBytes / max(kv_bytes, 1ll))));
         const int sec = t / (section * m_blocks), base = sec * section;
         const int width = min(section, pairs - base), r = t - base * m_blocks;
@@ -189,20 +200,21 @@ struct Sm90Tile {
         m_block = MaskBounds<T::kMask>::kRight ? m_blocks - 1 - t % m_blocks : t % m_blocks;
         hb = t / m_blocks;
       }
-      head = hb % p.nheads;
-      batch = tma_batch = hb / p.nheads;
+      head = hb % heads;
+      batch = tma_batch = hb / heads;
       seqlen_q = p.seqlen_q;
       seqlen_k = p.seqlen_k;
     }
-    head_k = head / (p.nheads / p.nheads_k);
+    head_k = T::kPackGqa ? head : head / group;
     // Under right-bounded masks the ragged tile is the first: the shortest tile, so its idle rows cost the fewest
     // key steps (192-row tiles over a causal 2k triangle: 12% more than the triangle instead of 18% with the
     // ragged tile last). The shift is in whole warpgroups, so a warpgroup's rows are all idle (negative: not
-    // loaded, not stored) or start at a row >= 0: TMA coordinates stay non-negative.
-    const int shift = MaskBounds<T::kMask>::kRight ? (m_blocks * T::kBlockM - seqlen_q) / 64 * 64 : 0;
-    row0 = m_block * T::kBlockM - shift;
-    idle_wgs = max(0, -row0) / 64;
-    visible_key_tiles<T::kMask, T::kBlockN>(max(row0, 0), min(row0 + T::kBlockM, seqlen_q) - 1, seqlen_k, diag(),
+    // loaded, not stored) or start at a position >= 0: TMA coordinates stay non-negative.
+    const int tile_rows = T::kConsumers * wg_rows;
+    const int shift = MaskBounds<T::kMask>::kRight ? (m_blocks * tile_rows - seqlen_q) / wg_rows * wg_rows : 0;
+    row0 = m_block * tile_rows - shift;
+    idle_wgs = max(0, -row0) / wg_rows;
+    visible_key_tiles<T::kMask, T::kBlockN>(max(row0, 0), min(row0 + tile_rows, seqlen_q) - 1, seqlen_k, diag(),
                                             p.window_left, p.window_right, n_min, n_max);
     n_max = max(n_min, n_max);  // an empty tile: no key steps, O = 0 and lse = +inf
   }
@@ -226,26 +238,28 @@ __device__ __forceinline__ int sm90_tile_of_round(int round) {
 template <class T>
 __device__ __forceinline__ void fwd_sm90_produce(Sm90FwdParams const& params, typename T::Barriers& bars,
                                                  typename T::Element* smem_q, typename T::Element* smem_k,
-                                                 typename T::Element* smem_v, int m_blocks, int tiles,
-                                                 Sm90Tile<T> const& first, Sm90Tile<T>* tile_slot) {
+                                                 typename T::Element* smem_v, int m_blocks, int tiles, int group,
+                                                 int wg_rows, Sm90Tile<T> const& first, Sm90Tile<T>* tile_slot) {
   constexpr int kBoxes = T::kHeadDim / T::kBoxCols, kBlockN = T::kBlockN;
   prefetch_tensor_map(params.tma_q);
   prefetch_tensor_map(params.tma_k);
   prefetch_tensor_map(params.tma_v);
   int it = 0;
   for (int round = 0, t = sm90_tile_of_round<T>(0); t < tiles; t = sm90_tile_of_round<T>(++round)) {
-    const Sm90Tile<T> tile = T::kPersistent ? Sm90Tile<T>(params.base, m_blocks, t) : first;
+    const Sm90Tile<T> tile = T::kPersistent ? Sm90Tile<T>(params.base, m_blocks, t, group, wg_rows) : first;
     bars.q_empty.wait((round & 1) ^ 1);
     // The consumers have read the previous tile's slot (before releasing its Q); q_full's arrival below releases
     // this write to them.
     if constexpr (T::kPersistent) *tile_slot = tile;
-    // One box per 64-column slab and warpgroup; idle warpgroups' rows are not loaded.
-    bars.q_full.arrive_expect_tx(T::kQBytes / T::kConsumers * (T::kConsumers - tile.idle_wgs));
+    // One box per 64-column slab and warpgroup, wg_rows positions of `group` heads (packed, the slab's rows past
+    // group x wg_rows are left as they are); idle warpgroups' rows are not loaded.
+    const int slab_bytes = int(sizeof(typename T::Element)) * T::kHeadDim * (T::kPackGqa ? group * wg_rows : 64);
+    bars.q_full.arrive_expect_tx(slab_bytes * (T::kConsumers - tile.idle_wgs));
     for (int w = tile.idle_wgs; w < T::kConsumers; ++w) {
       CUTE_UNROLL
       for (int c = 0; c < kBoxes; ++c) {
-        tma_load_4d(params.tma_q, bars.q_full, smem_q + (c * T::kBlockM + 64 * w) * T::kBoxCols, c * T::kBoxCols,
-                    tile.q_start + tile.row0 + 64 * w, tile.head, tile.tma_batch);
+        tma_load_5d(params.tma_q, bars.q_full, smem_q + (c * T::kBlockM + 64 * w) * T::kBoxCols, c * T::kBoxCols, 0,
+                    tile.q_start + tile.row0 + wg_rows * w, tile.head, tile.tma_batch);
       }
     }
     for (int n = tile.n_min; n < tile.n_max; ++n, ++it) {
@@ -282,10 +296,13 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
   Barriers& bars = *reinterpret_cast<Barriers*>(smem_p + T::kPBytes / sizeof(Element));
   static_assert(!T::kPersistent || sizeof(Sm90Tile<T>) <= T::kTileSlotBytes, "the tile slot holds an Sm90Tile");
   Sm90Tile<T>* tile_slot = reinterpret_cast<Sm90Tile<T>*>(reinterpret_cast<char*>(&bars) + sizeof(Barriers));
-  const int m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;  // dense only
-  const int tiles = T::kVarlen ? int(gridDim.x) : m_blocks * p.nheads * p.batch;
+  const int group = p.nheads / p.nheads_k;
+  const int wg_rows = T::kPackGqa ? 64 / group : 64;  // query positions per consumer warpgroup
+  const int slab_rows = T::kPackGqa ? group * wg_rows : 64;  // rows of a warpgroup's 64 that hold a query
+  const int m_blocks = (p.seqlen_q + T::kConsumers * wg_rows - 1) / (T::kConsumers * wg_rows);  // dense only
+  const int tiles = T::kVarlen ? int(gridDim.x) : m_blocks * (T::kPackGqa ? p.nheads_k : p.nheads) * p.batch;
   // The first tile, worked out by every warp (the varlen scan is warp-collective); a CTA serving one tile keeps it.
-  const Sm90Tile<T> first(p, m_blocks, sm90_tile_of_round<T>(0));
+  const Sm90Tile<T> first(p, m_blocks, sm90_tile_of_round<T>(0), group, wg_rows);
   if (!first.valid) return;  // a varlen CTA past the last tile, before any barrier
 
   constexpr int kConsumerWarps = T::kConsumerThreads / 32;
@@ -305,7 +322,9 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
 
   if (threadIdx.x < 128) {
     release_registers<T::kProducerRegs>();
-    if (threadIdx.x == 0) fwd_sm90_produce<T>(params, bars, smem_q, smem_k, smem_v, m_blocks, tiles, first, tile_slot);
+    if (threadIdx.x == 0) {
+      fwd_sm90_produce<T>(params, bars, smem_q, smem_k, smem_v, m_blocks, tiles, group, wg_rows, first, tile_slot);
+    }
     return;
   }
   claim_registers<T::kConsumerRegs>();
@@ -404,9 +423,11 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
     // warpgroup meets the diagonal in fewer key tiles than the CTA does.
     auto scores = [&](int n) {
       apply_score_mods<T::kSoftcap, T::kAlibi>(s_rc, tScS_rc, row0, n * kBlockN, diag, p.score_scale, slope);
-      if (tile_is_cut<T::kMask>(row0 + 64 * wg, 64, n * kBlockN, kBlockN, tile.seqlen_k, diag, p.window_left,
-                                p.window_right)) {
-        mask_tile<T::kMask>(s_rc, tScS_rc, row0, n * kBlockN, tile.seqlen_k, diag, p.window_left, p.window_right);
+      if (tile_is_cut<T::kMask>(row0 + wg_rows * wg, wg_rows, n * kBlockN, kBlockN, tile.seqlen_k, diag,
+                                p.window_left, p.window_right)) {
+        // Packed: tile row 64 wg + i is position row0 + wg_rows wg + i / group (mask_tile divides row0' + row).
+        mask_tile<T::kMask, T::kPackGqa>(s_rc, tScS_rc, T::kPackGqa ? group * (row0 + wg_rows * wg) - 64 * wg : row0,
+                                          n * kBlockN, tile.seqlen_k, diag, p.window_left, p.window_right, group);
       }
       o_scale_pending = online_softmax_lazy(s_rc, row_max, row_sum, o_scale, p.scale_log2);
     };
@@ -504,15 +525,19 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
 
     // Epilogue: normalise and write lse; O goes through this warpgroup's 64 rows of the O staging buffer and out
     // with TMA stores, which skip rows outside [0, seqlen_q) (varlen: 16-byte stores of the entry's rows).
-    float* lse_ptr = p.lse + tile.batch * p.lse_batch_stride + tile.head * p.lse_head_stride + tile.q_start;
+    float* lse_ptr = p.lse + tile.batch * p.lse_batch_stride + tile.q_start;
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       const float sum = quad_sum(row_sum[r]);
       const bool empty = sum == 0.f || sum != sum;
       const float inv = empty ? 1.f : 1.f / sum;
-      const int row = row0 + get<0>(tOcO_rc(r, 0));
-      if (row >= 0 && row < tile.seqlen_q && get<1>(tOcO_rc(r, 0)) == 0) {
-        lse_ptr[row] = empty ? inf() : (row_max[r] * p.scale_log2 + log2f(sum)) * 0.69314718055994531f;
+      // The row's query position and head (packed: row i of the warpgroup is head i % group at position i / group).
+      const int i = get<0>(tOcO_rc(r, 0)) - 64 * wg;
+      const int pos = row0 + wg_rows * wg + (T::kPackGqa ? i / group : i);
+      const int head = T::kPackGqa ? tile.head * group + i % group : tile.head;
+      if (i < slab_rows && pos >= 0 && pos < tile.seqlen_q && get<1>(tOcO_rc(r, 0)) == 0) {
+        lse_ptr[head * p.lse_head_stride + pos] =
+            empty ? inf() : (row_max[r] * p.scale_log2 + log2f(sum)) * 0.69314718055994531f;
       }
       CUTE_UNROLL
       for (int c = 0; c < size<1>(o_rc); ++c) o_rc(r, c) *= inv;
@@ -541,8 +566,8 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
       if (tidx % 128 == 0 && wg >= tile.idle_wgs) {
         CUTE_UNROLL
         for (int c = 0; c < kD / T::kBoxCols; ++c) {
-          tma_store_4d(params.tma_o, smem_o + c * kBlockM * T::kBoxCols + wg * 64 * T::kBoxCols, c * T::kBoxCols,
-                       row0 + 64 * wg, tile.head, tile.batch);
+          tma_store_5d(params.tma_o, smem_o + c * kBlockM * T::kBoxCols + wg * 64 * T::kBoxCols, c * T::kBoxCols, 0,
+                       row0 + wg_rows * wg, tile.head, tile.batch);
         }
         tma_store_commit_and_wait();  // the stores have read shared memory
       }

@@ -63,11 +63,23 @@ __device__ __forceinline__ void tma_load_4d(const TensorMap& map, MBarrier& bar,
       : "memory");
 }
 
-// TMA: a box of shared memory to a 4-D tensor map at (c0 .. c3); rows past the tensor's extent are not written.
-__device__ __forceinline__ void tma_store_4d(const TensorMap& map, const void* smem, int c0, int c1, int c2, int c3) {
+// TMA, 5-D: the box at (c0 .. c4) into shared memory, counted on `bar`. The forward's Q map is 5-D
+// (head_dim, heads of a group, seqlen, groups, batch) so that one box can stack a GQA group's heads row by row.
+__device__ __forceinline__ void tma_load_5d(const TensorMap& map, MBarrier& bar, void* smem, int c0, int c1, int c2,
+                                            int c3, int c4) {
   asm volatile(
-      "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];" ::"l"(&map),
-      "r"(smem_u32(smem)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      "cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6, "
+      "%7}], [%2];" ::"r"(smem_u32(smem)),
+      "l"(&map), "r"(smem_u32(&bar.word)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4)
+      : "memory");
+}
+
+// TMA: a box of shared memory to a 5-D tensor map at (c0 .. c4); elements past the tensor's extent are not written.
+__device__ __forceinline__ void tma_store_5d(const TensorMap& map, const void* smem, int c0, int c1, int c2, int c3,
+                                             int c4) {
+  asm volatile(
+      "cp.async.bulk.tensor.5d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5, %6}], [%1];" ::"l"(&map),
+      "r"(smem_u32(smem)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4)
       : "memory");
 }
 

@@ -1,0 +1,104 @@
+"""Pack-GQA on the forward (issue 7): dense GQA calls with few query positions against many keys (chunked
+prefill, a speculative decoder's verify step), where unpacked query tiles run mostly empty rows.
+
+    python benchmarks/bench_pack_gqa.py [--seqlen-q 1,16,64,128,256,512] [--json bench_pack_gqa.json]
+
+bf16, head dim 128, 8 KV heads with groups of 4 and 8 query heads, batch 4, seqlen_k 8192. Timed side by side:
+flash_gen's flash_attn_func (the runtime packs where fwd_tilings.pack_gqa_pays says so), the runtime forced
+packed and forced unpacked, and SDPA's cuDNN and FLASH backends (enable_gqa, else K/V expanded to every query
+head beforehand, outside the timing). Masks: none, and causal for flash_gen alone (SDPA aligns a causal mask
+top-left when seqlen_q != seqlen_k, flash_attn bottom-right). Median of triton.testing.do_bench (L2 flushed
+between calls); TFLOP/s count 4 * b * h * sq * sk * d for both masks (with sq <= 512 of 8192 keys a causal row
+sees at least 94% of them). GPU only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime, timezone
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import flash_gen
+from flash_gen.runtime.fwd import attention_fwd
+
+BATCH, NHEADS_K, HDIM, SEQLEN_K = 4, 8, 128, 8192
+GROUPS = (4, 8)
+PEERS = {"cuDNN": SDPBackend.CUDNN_ATTENTION, "FA2": SDPBackend.FLASH_ATTENTION}
+
+
+def _sdpa(backend: SDPBackend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """A zero-argument SDPA call on (b, s, h, d) inputs, or None when the backend refuses the shape."""
+    group = q.shape[2] // k.shape[2]
+    qt = q.transpose(1, 2)
+    for gqa in (True, False):
+        kt, vt = ((t if gqa else t.repeat_interleave(group, dim=2)).transpose(1, 2) for t in (k, v))
+
+        def call(kt=kt, vt=vt, gqa=gqa):
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=gqa)
+
+        try:
+            call()
+            return call
+        except RuntimeError:
+            continue
+    return None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seqlen-q", default="1,16,64,128,256,512")
+    parser.add_argument("--json", default="")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU", file=sys.stderr)
+        return 2
+    from triton.testing import do_bench
+
+    timer = lambda fn: do_bench(fn, warmup=25, rep=100, return_mode="median")  # noqa: E731
+    rows = []
+    header = f"{'mask':7}{'group':>6}{'sq':>6} | {'default':>8}{'packed':>8}{'unpacked':>9}{'cuDNN':>8}{'FA2':>8} | " \
+             f"{'packed/unpacked':>15}{'default/cuDNN':>14}"
+    print("TFLOP/s, bf16, batch 4, 8 KV heads, head dim 128, seqlen_k 8192\n" + header)
+    for causal in (False, True):
+        for group in GROUPS:
+            for sq in map(int, args.seqlen_q.split(",")):
+                gen = torch.Generator(device="cuda").manual_seed(sq * 100 + group)
+                q = torch.randn(BATCH, sq, NHEADS_K * group, HDIM, generator=gen, device="cuda", dtype=torch.bfloat16)
+                k, v = (torch.randn(BATCH, SEQLEN_K, NHEADS_K, HDIM, generator=gen, device="cuda",
+                                    dtype=torch.bfloat16) for _ in range(2))
+                runtime = dict(softmax_scale=HDIM**-0.5, causal=causal, window_size=(-1, 0) if causal else (-1, -1),
+                               softcap=0.0, alibi_slopes=None)
+                impls = {
+                    "default": lambda: flash_gen.flash_attn_func(q, k, v, causal=causal),
+                    "packed": lambda: attention_fwd(q, k, v, **runtime, pack_gqa=True),
+                    "unpacked": lambda: attention_fwd(q, k, v, **runtime, pack_gqa=False),
+                }
+                if not causal:
+                    impls.update({name: fn for name, b in PEERS.items() if (fn := _sdpa(b, q, k, v)) is not None})
+                diff = (impls["packed"]()[0].float() - impls["unpacked"]()[0].float()).abs().max().item()
+                flops = 4 * BATCH * NHEADS_K * group * sq * SEQLEN_K * HDIM
+                row = {"causal": causal, "group": group, "seqlen_q": sq, "packed_vs_unpacked_maxdiff": diff}
+                row.update({name: flops / (timer(fn) * 1e-3) / 1e12 for name, fn in impls.items()})
+                rows.append(row)
+                fmt = lambda name: f"{row[name]:8.1f}" if name in row else f"{'-':>8}"  # noqa: E731
+                cudnn = f"{row['default'] / row['cuDNN']:14.2f}" if "cuDNN" in row else f"{'-':>14}"
+                print(f"{'causal' if causal else 'none':7}{group:6}{sq:6} | {fmt('default')}{fmt('packed')}"
+                      f"{row['unpacked']:9.1f}{fmt('cuDNN')}{fmt('FA2')} | {row['packed'] / row['unpacked']:15.2f}"
+                      f"{cudnn}")
+    if args.json:
+        meta = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                "cudnn": torch.backends.cudnn.version()}
+        with open(args.json, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
