@@ -8,8 +8,8 @@ flash_gen's flash_attn_func (the runtime packs where fwd_tilings.pack_gqa_pays s
 packed and forced unpacked, and SDPA's cuDNN and FLASH backends (enable_gqa, else K/V expanded to every query
 head beforehand, outside the timing). Masks: none, and causal for flash_gen alone (SDPA aligns a causal mask
 top-left when seqlen_q != seqlen_k, flash_attn bottom-right). Median of triton.testing.do_bench (L2 flushed
-between calls); TFLOP/s count 4 * b * h * sq * sk * d for both masks (with sq <= 512 of 8192 keys a causal row
-sees at least 94% of them). GPU only.
+between calls); TFLOP/s count 4 * b * h * d per (query, key) pair a row sees: sq * sk pairs, or under the causal
+mask sq * (sk - sq) + sq * (sq + 1) / 2. GPU only.
 """
 
 from __future__ import annotations
@@ -82,7 +82,8 @@ def main() -> int:
                 if not causal:
                     impls.update({name: fn for name, b in PEERS.items() if (fn := _sdpa(b, q, k, v)) is not None})
                 diff = (impls["packed"]()[0].float() - impls["unpacked"]()[0].float()).abs().max().item()
-                flops = 4 * BATCH * NHEADS_K * group * sq * SEQLEN_K * HDIM
+                pairs = sq * (SEQLEN_K - sq) + sq * (sq + 1) // 2 if causal else sq * SEQLEN_K
+                flops = 4 * BATCH * NHEADS_K * group * HDIM * pairs
                 row = {"causal": causal, "group": group, "seqlen_q": sq, "packed_vs_unpacked_maxdiff": diff}
                 row.update({name: flops / (timer(fn) * 1e-3) / 1e12 for name, fn in impls.items()})
                 rows.append(row)

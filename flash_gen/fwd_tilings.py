@@ -57,9 +57,11 @@ def smem_bytes(key: FwdKey, cfg: FwdTiling) -> int:
 
 def pack_gqa_pays(key: FwdKey, seqlen_q: int, group: int) -> bool:
     """Whether a call of the unpacked `key` with `group` query heads per KV head should run its pack-GQA key:
-    when the packed kernel's default tiling takes at least 10% fewer query tiles per KV head than the unpacked
-    one's. A tile costs the same key steps either way, so with few query positions (decoding-like steps, chunked
-    prefill) unpacked tiles run mostly empty rows. Not for ALiBi (a slope per head) or packed ragged batches."""
+    when the packed kernel's default tiling takes no more query tiles per KV head than the unpacked one's. A tile
+    costs the same key steps either way, so with few query positions (decoding-like steps, chunked prefill)
+    unpacked tiles run mostly empty rows; with as many tiles, packed ones still read each K/V tile once per group
+    instead of once per head (H200, head dim 128, 8k keys: 1.06-1.5x at 128-512 positions, where the tile counts
+    are equal; docs/benchmarks.md). Not for ALiBi (a slope per head) or packed ragged batches."""
     if group == 1 or key.alibi or key.varlen or key.pack_gqa:
         return False
     packed_key = dataclasses.replace(key, pack_gqa=True)
@@ -72,4 +74,4 @@ def pack_gqa_pays(key: FwdKey, seqlen_q: int, group: int) -> bool:
     else:
         packed = -(-seqlen_q * group // packed_cfg.block_m)
     unpacked = group * -(-seqlen_q // default_config(key).block_m)
-    return 10 * packed <= 9 * unpacked
+    return packed <= unpacked

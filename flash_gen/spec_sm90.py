@@ -33,12 +33,15 @@ class Sm90FwdConfig:
     persistent: bool = False  # resident CTAs walk the query tiles (costs registers: state carried across tiles)
     overlap: bool = True  # intra-warpgroup overlap: step j's softmax under step j-1's P V GEMM (off: "_serial")
     p_in_smem: bool = False  # P V GEMM with P from shared memory (SS, "_ss") instead of registers (RS)
+    # CTAs per thread-block cluster ("_c2"): neighbouring query tiles of a head, each CTA loading its share of
+    # every K/V tile and multicasting it into the others (unmasked dense batches only)
+    cluster: int = 1
 
     @property
     def name(self) -> str:
         return (f"wgm{self.block_m}n{self.block_n}s{self.stages}" + ("p" if self.pingpong else "")
                 + ("" if self.overlap else "_serial") + ("_ss" if self.p_in_smem else "")
-                + ("_persist" if self.persistent else ""))
+                + (f"_c{self.cluster}" if self.cluster > 1 else "") + ("_persist" if self.persistent else ""))
 
     @property
     def consumers(self) -> int:
@@ -64,6 +67,7 @@ SM90_CONFIG_SPACE = {
     "persistent": (False, True),
     "overlap": (True, False),
     "p_in_smem": (False, True),
+    "cluster": (1, 2),
 }
 
 
@@ -86,8 +90,11 @@ def needs_extended_wgmma(cfg: Sm90FwdConfig) -> bool:
 
 def sm90_config_from_name(name: str) -> Sm90FwdConfig | None:
     """Inverse of Sm90FwdConfig.name ("wgm128n128s2p"), or None for a name of another kernel family."""
-    m = re.fullmatch(r"wgm(\d+)n(\d+)s(\d+)(p?)(_serial)?(_ss)?(_persist)?", name)
-    return Sm90FwdConfig(int(m[2]), int(m[3]), bool(m[4]), int(m[1]), bool(m[7]), not m[5], bool(m[6])) if m else None
+    m = re.fullmatch(r"wgm(\d+)n(\d+)s(\d+)(p?)(_serial)?(_ss)?(?:_c(\d+))?(_persist)?", name)
+    if m is None:
+        return None
+    return Sm90FwdConfig(int(m[2]), int(m[3]), bool(m[4]), int(m[1]), bool(m[8]), not m[5], bool(m[6]),
+                         int(m[7] or 1))
 
 
 def sm90_smem_bytes(key: FwdKey, cfg: Sm90FwdConfig) -> int:
@@ -121,6 +128,10 @@ def sm90_infeasible_reason(key: FwdKey, cfg: Sm90FwdConfig) -> str | None:
         return f"block_m {cfg.block_m} must be 64, 128 or 192 (one to three consumer warpgroups of 64 rows)"
     if cfg.pingpong and cfg.consumers == 1:
         return "ping-pong needs two or more consumer warpgroups"
+    if cfg.cluster not in (1, 2):
+        return f"cluster {cfg.cluster} must be 1 or 2"
+    if cfg.cluster > 1 and (key.mask != "none" or key.varlen):
+        return "a cluster's CTAs share K/V tiles, so every tile must see the same keys: unmasked dense batches only"
     regs = (cfg.block_n // 2 + cfg.block_n // 4 + sm90_head_dim(key) // 2)  # 64 rows over 128 threads: S, P, O
     budget = CONSUMER_REGISTERS[cfg.consumers] - ADDRESSING_REGISTERS
     if regs > budget:

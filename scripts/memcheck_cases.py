@@ -6,7 +6,7 @@ kernel read or write outside its tensors):
     compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 python3 scripts/memcheck_cases.py
 
 Malformed values give meaningless numbers; only memory safety is checked here (the GPU tests check results).
-Uses kernels tests/test_{varlen,kvcache,bwd}_gpu.py and benchmarks/bench_pack_gqa.py use (prebuilt by
+Uses kernels tests/test_{varlen,kvcache,bwd,fwd_sm90}_gpu.py and benchmarks/bench_pack_gqa.py use (prebuilt by
 scripts/prebuild_gpu_test_kernels.py).
 """
 
@@ -70,6 +70,26 @@ def pack_gqa_cases() -> int:
     return len(cases)
 
 
+def hopper_tiling_cases() -> int:
+    """Hopper forward tilings the defaults do not use (tests/test_fwd_sm90_gpu.py builds them): persistent
+    ping-pong CTAs with pack-GQA (the producer's tile slot), and clusters sharing K/V by multicast, persistent and
+    with an odd number of query tiles per head."""
+    from flash_gen.runtime.fwd import attention_fwd
+    from flash_gen.spec_sm90 import sm90_config_from_name
+
+    cases = [  # dtype, head dim, config, batch, seqlen_q, seqlen_k, heads, KV heads, causal, pack
+        (torch.bfloat16, 128, "wgm128n128s2p_persist", 3, 1000, 1000, 8, 2, True, True),
+        (torch.float16, 64, "wgm192n128s2p_c2_persist", 2, 777, 555, 16, 16, False, False),
+        (torch.bfloat16, 128, "wgm128n128s2p_c2", 3, 300, 517, 4, 2, False, False),
+    ]
+    for dtype, d, name, b, sq, sk, h, hk, causal, pack in cases:
+        q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
+        k, v = (torch.randn(b, sk, hk, d, device="cuda", dtype=dtype) for _ in range(2))
+        attention_fwd(q, k, v, softmax_scale=d**-0.5, causal=causal, window_size=(-1, 0) if causal else (-1, -1),
+                      softcap=0.0, alibi_slopes=None, config=sm90_config_from_name(name), pack_gqa=pack)
+    return len(cases)
+
+
 def kvcache_cases() -> int:
     batch, capacity, hk = 3, 700, 2
     q = torch.randn(batch, 4, 8, 128, device="cuda", dtype=torch.bfloat16)
@@ -101,5 +121,7 @@ def kvcache_cases() -> int:
 
 if __name__ == "__main__":
     n = varlen_cases() + dense_backward_cases() + pack_gqa_cases() + kvcache_cases()
+    if torch.cuda.get_device_capability() == (9, 0):
+        n += hopper_tiling_cases()
     torch.cuda.synchronize()
     print(f"memcheck_cases: {n} calls completed")

@@ -30,7 +30,8 @@ DECODE_CONFIGS = ("m64n128w4s2", "m64n64w4s2", "m64n64w4s3")
 
 
 # `flash-gen bench --configs` tilings of the Hopper kernel beside its defaults (docs/benchmarks.md, issue 7).
-SM90_BENCH_CONFIGS = ("wgm128n128s2_persist", "wgm192n128s2p_persist", "wgm128n128s2p_persist")
+SM90_BENCH_CONFIGS = ("wgm128n128s2_persist", "wgm192n128s2p_persist", "wgm128n128s2p_persist",
+                      "wgm128n128s2_c2_persist", "wgm192n128s2p_c2", "wgm128n64s2_c2", "wgm128n128s2_c2")
 
 
 def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvcache", "bench", "sm90")) -> set:

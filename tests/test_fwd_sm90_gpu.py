@@ -80,6 +80,15 @@ CASES = [  # dtype, head dim, config, mask, batch, seqlen_q, seqlen_k, nheads, n
     ("bf16", 128, "wgm128n128s2p_persist", "causal", 3, 1000, 1000, 8, 2, "pack"),
     ("fp16", 128, "wgm128n80s2p_ss", "causal", 2, 50, 400, 12, 4, "pack+softcap"),
     ("bf16", 40, "wgm192n112s4_serial_persist", "win32_0", 2, 300, 517, 8, 2, "pack+rising"),
+    # clusters of two CTAs sharing K/V tiles (multicast): an odd number of query tiles per head (the cluster's
+    # second tile past seqlen_q), persistent CTAs, one consumer warpgroup, a single query row, pack-GQA
+    ("bf16", 128, "wgm128n128s2_c2_persist", "none", 2, 1000, 700, 8, 2, ""),
+    ("bf16", 128, "wgm128n128s2p_c2", "none", 3, 300, 517, 4, 2, "rising"),
+    ("fp16", 64, "wgm192n128s2p_c2_persist", "none", 2, 777, 555, 16, 16, ""),
+    ("bf16", 256, "wgm128n64s2_c2", "none", 1, 200, 333, 2, 2, "softcap"),
+    ("bf16", 64, "wgm64n128s2_c2", "none", 2, 129, 300, 4, 1, ""),
+    ("fp16", 128, "wgm128n176s2p_c2", "none", 1, 1, 2000, 2, 2, ""),
+    ("bf16", 128, "wgm128n128s2_c2_persist", "none", 2, 37, 700, 16, 2, "pack"),
 ]
 
 

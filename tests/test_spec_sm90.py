@@ -22,7 +22,8 @@ from flash_gen.spec_sm90 import (
 
 def test_config_names_round_trip_and_other_names_are_not_sm90():
     for cfg in (Sm90FwdConfig(), Sm90FwdConfig(176, 2), Sm90FwdConfig(64, 3, pingpong=False, block_m=192),
-                Sm90FwdConfig(128, 2, persistent=True)):
+                Sm90FwdConfig(128, 2, persistent=True), Sm90FwdConfig(64, 2, p_in_smem=True, cluster=2),
+                Sm90FwdConfig(176, 3, overlap=False, cluster=2, persistent=True)):
         assert sm90_config_from_name(cfg.name) == cfg
     assert sm90_config_from_name("m128n64w4s2") is None
 
@@ -37,6 +38,9 @@ def test_config_names_round_trip_and_other_names_are_not_sm90():
     (FwdKey("sm90", "bf16", 256), Sm90FwdConfig(64, persistent=True), "shared memory"),  # O staged apart from Q
     (FwdKey("sm90", "bf16", 128), Sm90FwdConfig(128, block_m=192), "3 consumers"),
     (FwdKey("sm90", "bf16", 64), Sm90FwdConfig(block_m=256), "128 or 192"),
+    (FwdKey("sm90", "bf16", 128, "causal"), Sm90FwdConfig(cluster=2), "unmasked dense"),
+    (FwdKey("sm90", "bf16", 128, varlen=True), Sm90FwdConfig(cluster=2), "unmasked dense"),
+    (FwdKey("sm90", "bf16", 128), Sm90FwdConfig(cluster=4), "1 or 2"),
 ])
 def test_infeasible_reason_explains_rejections(key, cfg, reason):
     why = sm90_infeasible_reason(key, cfg)
@@ -64,7 +68,8 @@ def test_renders_and_compiles_without_spills_on_wgmma(tmp_path, monkeypatch):
     variants = [(FwdKey("sm90", "bf16", 128, "causal"), Sm90FwdConfig()),
                 (FwdKey("sm90", "fp16", 64), Sm90FwdConfig(block_m=192)),  # three consumer warpgroups
                 (FwdKey("sm90", "fp16", 64, "local", softcap=True, alibi=True), Sm90FwdConfig()),
-                (FwdKey("sm90", "bf16", 128), Sm90FwdConfig(176, pingpong=False)),  # an N outside CuTe's basic set
+                # an N outside CuTe's basic set; a cluster of two CTAs multicasting K/V
+                (FwdKey("sm90", "bf16", 128), Sm90FwdConfig(176, pingpong=False, cluster=2)),
                 (FwdKey("sm90", "bf16", 128, "causal"), Sm90FwdConfig(pingpong=False, persistent=True)),
                 (FwdKey("sm90", "bf16", 64, "causal", varlen=True), Sm90FwdConfig(block_m=192)),  # packed batch
                 (FwdKey("sm90", "bf16", 128, "causal", pack_gqa=True), Sm90FwdConfig(pingpong=False, persistent=True))]
@@ -82,6 +87,9 @@ def test_renders_and_compiles_without_spills_on_wgmma(tmp_path, monkeypatch):
         assert "setmaxnreg.inc.sync.aligned.u32 240" in r.ptx and "bar.arrive" in r.ptx  # consumers, ping-pong
         # 176 keys per step in one wgmma per k-step, not eleven of N = 16 (CuTe's extended shapes)
         assert "m64n176k16" in r.ptx and "m64n16k16" not in r.ptx
+    # the cluster's kernel: K/V multicast, launched in clusters of two (compile-time cluster dims)
+    assert [c.cfg.cluster for c in compiled if ".multicast::cluster" in c.result.ptx] == [2]
+    assert all(".reqnctapercluster 2, 1, 1" in c.result.ptx for c in compiled if c.cfg.cluster == 2)
 
 
 def test_pack_gqa_pays_where_few_query_positions_leave_tiles_empty():
@@ -89,7 +97,8 @@ def test_pack_gqa_pays_where_few_query_positions_leave_tiles_empty():
 
     key = FwdKey("sm90", "bf16", 128, "causal")  # 128-row tiles; packed, 2 x 64 // group positions
     assert pack_gqa_pays(key, 1, 8) and pack_gqa_pays(key, 100, 8) and pack_gqa_pays(key, 1, 64)
-    assert not pack_gqa_pays(key, 2048, 8)  # full tiles either way: as many of them
+    assert pack_gqa_pays(key, 2048, 8)  # as many tiles, each K/V tile read once per group
+    assert not pack_gqa_pays(key, 2048, 3)  # 63 of a warpgroup's 64 rows used: one tile more per KV head
     assert not pack_gqa_pays(key, 1, 1) and not pack_gqa_pays(key, 1, 65)  # no group; over a warpgroup's rows
     assert not pack_gqa_pays(dataclasses.replace(key, alibi=True), 1, 8)  # a slope per head
     assert not pack_gqa_pays(dataclasses.replace(key, varlen=True), 1, 8)

@@ -193,8 +193,11 @@ def plan_fwd(
     else:
         grid = (-(-seqlen_q // var.cfg.block_m), nheads, batch)
     if isinstance(var.cfg, Sm90FwdConfig):  # a 1-D grid of query tiles; persistent: as many CTAs as fit walk them
-        tiles = grid[0] * grid[1] * grid[2]
-        resident = driver.sm_count(device) * var.cfg.ctas_per_sm
+        # A cluster's CTAs serve consecutive query tiles of one head: query tiles per head rounded up to whole
+        # clusters (the extra tile's rows lie past seqlen_q: loaded as zeros, never stored).
+        cluster = var.cfg.cluster
+        tiles = -(-grid[0] // cluster) * cluster * grid[1] * grid[2]
+        resident = driver.sm_count(device) * var.cfg.ctas_per_sm // cluster * cluster
         grid = (min(tiles, resident) if var.cfg.persistent else tiles, 1, 1)
     return FwdPlan(var, shape, grid, q.device)
 
@@ -279,7 +282,7 @@ def _sm90_params(shape: _Shape, var: _Variant, q: torch.Tensor, k: torch.Tensor,
     positions of one head, or packed 64 // group positions of a group's heads) and 4-D ones of k and v (a key
     tile's rows), then the shape's FwdParams, kept per shape and address set (tma.params_with_maps)."""
     group = q.shape[-2] // k.shape[-2] if var.pack_gqa else 1
-    positions, rows = ROWS_PER_CONSUMER // group, var.cfg.block_n
+    positions, rows = ROWS_PER_CONSUMER // group, var.cfg.block_n // var.cfg.cluster  # a CTA's share of K/V tiles
     return tma.params_with_maps(Sm90FwdParams, shape.params, shape.maps, (var, q.data_ptr(), k.data_ptr(),
                                                                           v.data_ptr(), out.data_ptr()),
                                 (("tma_q", q, positions, group), ("tma_k", k, rows), ("tma_v", v, rows),

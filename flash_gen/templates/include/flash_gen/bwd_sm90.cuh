@@ -18,7 +18,10 @@
 #include "flash_gen/bwd_key_tile.cuh"
 #include "flash_gen/bwd_params.cuh"
 #include "flash_gen/bwd_sm90_params.cuh"
-#include "flash_gen/fwd_sm90.cuh"  // wgmma_issue, gmma_rowcol, gmma_acc_as_a
+#include "flash_gen/convert_pairs.cuh"
+#include "flash_gen/sm80_utils.cuh"  // copy_zfill, copy_predicated (K/V in by cp.async, dK/dV out)
+#include "flash_gen/sm90_sync.cuh"
+#include "flash_gen/sm90_wgmma.cuh"
 
 namespace flash_gen {
 

@@ -17,12 +17,13 @@
 // stack the group's heads position by position (row = position x group + head), each K/V tile then feeds
 // group x as many rows. Q and O move through 5-D TMA maps (head_dim, heads of a group, seqlen, groups, batch)
 // whose boxes hold 64 / group whole positions; unpacked, the group is 1.
+// With kCluster = 2 (unmasked dense batches) the two CTAs of a thread-block cluster serve neighbouring query
+// tiles of one head, which read the same K/V tiles: each CTA's producer loads half of every K/V tile and
+// multicasts it into both CTAs, so each tile leaves L2 once per cluster. A stage is free again once the consumers
+// of both CTAs have released it (they arrive on both CTAs' empty barriers).
 #pragma once
 // Key tiles outside CuTe's basic wgmma N set need CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED defined before this header
 // (fwd_sm90.cu.j2 does it): otherwise its op selector splits, say, N = 176 into eleven N = 16 instructions.
-#include <cute/arch/mma_sm90.hpp>
-#include <cute/atom/mma_traits_sm90_gmma.hpp>
-
 #include "flash_gen/attn_mask.cuh"
 #include "flash_gen/convert_pairs.cuh"
 #include "flash_gen/fwd_sm90_params.cuh"
@@ -30,14 +31,16 @@
 #include "flash_gen/score_mods.cuh"
 #include "flash_gen/seq_info.cuh"
 #include "flash_gen/sm80_utils.cuh"
+#include "flash_gen/sm90_cluster.cuh"
 #include "flash_gen/sm90_sync.cuh"
+#include "flash_gen/sm90_wgmma.cuh"
 #include "flash_gen/visible_keys.cuh"
 
 namespace flash_gen {
 
 template <class Element_, int kHeadDim_, int kConsumers_, int kBlockN_, int kStages_, bool kPingPong_,
           bool kPersistent_, Mask kMask_, bool kSoftcap_, bool kAlibi_, bool kVarlen_, bool kOverlap_,
-          bool kPInSmem_, bool kPackGqa_>
+          bool kPInSmem_, bool kPackGqa_, int kCluster_>
 struct Sm90FwdTraits {
   using Element = Element_;
   // The head dim rounded up to 64 (flash_gen.spec_sm90.sm90_head_dim): the TMA boxes zero-fill the columns past
@@ -70,6 +73,10 @@ struct Sm90FwdTraits {
   // Pack-GQA: rows of several heads per tile (the query positions per warpgroup a runtime 64 / group).
   static constexpr bool kPackGqa = kPackGqa_;
   static_assert(!(kPackGqa && (kVarlen || kAlibi)), "packed heads: dense batches, one ALiBi slope per tile");
+  // CTAs per cluster, sharing K/V tiles (each loads 1 / kCluster of a tile's rows and multicasts them). Every tile
+  // of a cluster must see the same keys: no masks, no ragged batches.
+  static constexpr int kCluster = kCluster_;
+  static_assert(kCluster == 1 || (kCluster == 2 && kMask_ == Mask::kNone && !kVarlen));
   static constexpr int kBoxCols = 64;  // a TMA box row is one 128-byte swizzle row
   static_assert(kHeadDim % kBoxCols == 0, "128-byte swizzled rows: head dim a multiple of 64");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma N and TMA box rows");
@@ -118,37 +125,6 @@ struct Sm90FwdTraits {
   static constexpr int kSmemBytes =
       kQBytes + 2 * kStages * kKVTileBytes + kOBytes + kPBytes + int(sizeof(Barriers)) + kTileSlotBytes;
 };
-
-// Issue the wgmmas of one GEMM as one batch (waited for with warpgroup_wait). kZeroInit overwrites the accumulator.
-template <bool kZeroInit, class Mma, class A, class B, class C>
-__device__ __forceinline__ void wgmma_issue(Mma& mma, A const& a, B const& b, C& c) {
-  warpgroup_fence_operand(c);
-  warpgroup_arrive();
-  if constexpr (kZeroInit) mma.accumulate_ = GMMA::ScaleOut::Zero;
-  CUTE_UNROLL
-  for (int k = 0; k < size<2>(a); ++k) {
-    cute::gemm(mma, a(_, _, k), b(_, _, k), c);
-    mma.accumulate_ = GMMA::ScaleOut::One;
-  }
-  warpgroup_commit_batch();
-  warpgroup_fence_operand(c);
-}
-
-// A wgmma accumulator ((2, 2, N/8), M, N) as (rows, cols) = ((2, M), (2, N/8, N)).
-template <class Layout>
-__device__ __forceinline__ auto gmma_rowcol(Layout const& l) {
-  return make_layout(make_layout(layout<0, 1>(l), layout<1>(l)),
-                     make_layout(layout<0, 0>(l), layout<0, 2>(l), layout<2>(l)));
-}
-
-// The same accumulator as the register A operand ((2, 2, 2), M, K/16) of the next wgmma: two adjacent n8 column
-// groups hold one k16 slice.
-template <class Layout>
-__device__ __forceinline__ auto gmma_acc_as_a(Layout const& l) {
-  auto cols = logical_divide(layout<0, 2>(l), Shape<_2>{});  // ((2, N/16))
-  return make_layout(make_layout(layout<0, 0>(l), layout<0, 1>(l), layout<0, 0>(cols)), layout<1>(l),
-                     make_layout(layout<0, 1>(cols), layout<2>(l)));
-}
 
 // The query tiles of one launch, t in [0, tiles) mapped to (m_block, batch, head). By default m runs fastest, so
 // the CTAs running at once share few (batch, head)s' K/V in L2; under masks with a right bound (causal, local)
@@ -225,11 +201,12 @@ struct Sm90Tile {
 // The tile a CTA serves in `round` (from 0): blockIdx.x, and with kPersistent one per round of gridDim.x tiles,
 // snaking (c, then gridDim.x - 1 - c, ...) so that over the rounds every CTA gets a like mix of long and short
 // tiles. Past the last tile (>= tiles) the CTA is done; only the last round is ragged, so no CTA skips a tile.
+// Clusters snake as units: the CTAs of a cluster always serve consecutive tiles (tiles is a multiple of kCluster).
 template <class T>
 __device__ __forceinline__ int sm90_tile_of_round(int round) {
   if constexpr (!T::kPersistent) return round == 0 ? int(blockIdx.x) : 0x7fffffff;
-  const int g = gridDim.x;
-  return round * g + ((round & 1) ? g - 1 - int(blockIdx.x) : int(blockIdx.x));
+  const int g = gridDim.x / T::kCluster, c = blockIdx.x / T::kCluster;
+  return T::kCluster * (round * g + ((round & 1) ? g - 1 - c : c)) + blockIdx.x % T::kCluster;
 }
 
 // The producer (one thread): per tile, Q once its buffer is free again (the consumers' last S GEMMs of the
@@ -241,6 +218,7 @@ __device__ __forceinline__ void fwd_sm90_produce(Sm90FwdParams const& params, ty
                                                  typename T::Element* smem_v, int m_blocks, int tiles, int group,
                                                  int wg_rows, Sm90Tile<T> const& first, Sm90Tile<T>* tile_slot) {
   constexpr int kBoxes = T::kHeadDim / T::kBoxCols, kBlockN = T::kBlockN;
+  const int cta_rank = T::kCluster > 1 ? int(cluster_cta_rank()) : 0;
   prefetch_tensor_map(params.tma_q);
   prefetch_tensor_map(params.tma_k);
   prefetch_tensor_map(params.tma_v);
@@ -265,14 +243,22 @@ __device__ __forceinline__ void fwd_sm90_produce(Sm90FwdParams const& params, ty
     for (int n = tile.n_min; n < tile.n_max; ++n, ++it) {
       const int stage = it % T::kStages;
       const uint32_t phase = (it / T::kStages) & 1;
-      // Key step n of K or V into its stage buffer, once the consumers have released it.
+      // Key step n of K or V into its stage buffer, once the consumers (of every CTA of the cluster) have released
+      // it. In a cluster this CTA loads its share of the rows into every CTA; the full barrier counts all shares.
       auto load = [&](const TensorMap& map, MBarrier& full, MBarrier& empty, typename T::Element* smem) {
         empty.wait(phase ^ 1);
         full.arrive_expect_tx(T::kKVTileBytes);
+        constexpr int kShare = kBlockN / T::kCluster;
         CUTE_UNROLL
         for (int c = 0; c < kBoxes; ++c) {
-          tma_load_4d(map, full, smem + stage * kBlockN * T::kHeadDim + c * kBlockN * T::kBoxCols, c * T::kBoxCols,
-                      tile.k_start + n * kBlockN, tile.head_k, tile.tma_batch);
+          typename T::Element* dst = smem + stage * kBlockN * T::kHeadDim + c * kBlockN * T::kBoxCols;
+          const int row = tile.k_start + n * kBlockN;
+          if constexpr (T::kCluster == 1) {
+            tma_load_4d(map, full, dst, c * T::kBoxCols, row, tile.head_k, tile.tma_batch);
+          } else {
+            tma_load_4d_multicast(map, full, dst + cta_rank * kShare * T::kBoxCols, c * T::kBoxCols,
+                                  row + cta_rank * kShare, tile.head_k, tile.tma_batch, (1 << T::kCluster) - 1);
+          }
         }
       };
       load(params.tma_k, bars.k_full[stage], bars.k_empty[stage], smem_k);
@@ -299,7 +285,9 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
   const int group = p.nheads / p.nheads_k;
   const int wg_rows = T::kPackGqa ? 64 / group : 64;  // query positions per consumer warpgroup
   const int slab_rows = T::kPackGqa ? group * wg_rows : 64;  // rows of a warpgroup's 64 that hold a query
-  const int m_blocks = (p.seqlen_q + T::kConsumers * wg_rows - 1) / (T::kConsumers * wg_rows);  // dense only
+  // Query tiles per head (dense only), in whole clusters: a cluster's last tile may lie past seqlen_q.
+  const int m_blocks = (p.seqlen_q + T::kCluster * T::kConsumers * wg_rows - 1) / (T::kCluster * T::kConsumers * wg_rows) *
+                       T::kCluster;
   const int tiles = T::kVarlen ? int(gridDim.x) : m_blocks * (T::kPackGqa ? p.nheads_k : p.nheads) * p.batch;
   // The first tile, worked out by every warp (the varlen scan is warp-collective); a CTA serving one tile keeps it.
   const Sm90Tile<T> first(p, m_blocks, sm90_tile_of_round<T>(0), group, wg_rows);
@@ -313,18 +301,22 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
     for (int s = 0; s < kStages; ++s) {
       bars.k_full[s].init(1);
       bars.v_full[s].init(1);
-      bars.k_empty[s].init(kConsumerWarps);
-      bars.v_empty[s].init(kConsumerWarps);
+      bars.k_empty[s].init(kConsumerWarps * T::kCluster);
+      bars.v_empty[s].init(kConsumerWarps * T::kCluster);
     }
     fence_barrier_init();
   }
-  __syncthreads();  // the last CTA-wide barrier: from here the warpgroups meet only through mbarriers
+  // The last CTA-wide barrier: from here the warpgroups meet only through mbarriers. In a cluster, every CTA's
+  // barriers are initialised before any CTA's multicast or release reaches them.
+  if constexpr (T::kCluster > 1) cluster_sync();
+  else __syncthreads();
 
   if (threadIdx.x < 128) {
     release_registers<T::kProducerRegs>();
     if (threadIdx.x == 0) {
       fwd_sm90_produce<T>(params, bars, smem_q, smem_k, smem_v, m_blocks, tiles, group, wg_rows, first, tile_slot);
     }
+    if constexpr (T::kCluster > 1) cluster_sync();  // see the consumers' end
     return;
   }
   claim_registers<T::kConsumerRegs>();
@@ -409,6 +401,20 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
   auto release = [&](MBarrier& bar) {
     if (warp_leader) bar.arrive();
   };
+  // Q (and, persistent, the tile slot every lane read): the warp's reads are ordered before its leader's arrival,
+  // after which the producer may overwrite both.
+  auto release_q = [&] {
+    __syncwarp();
+    release(bars.q_empty);
+  };
+  // A K/V stage: released in every CTA of the cluster, whose producers all write into it.
+  const uint32_t peer = T::kCluster > 1 ? cluster_cta_rank() ^ 1 : 0;
+  auto release_kv = [&](MBarrier& bar) {
+    if (warp_leader) {
+      bar.arrive();
+      if constexpr (T::kCluster > 1) arrive_in_cta(bar, peer);
+    }
+  };
 
   int it = 0;  // key steps over all tiles, as the producer counts them
   for (int round = 0, t = sm90_tile_of_round<T>(0); t < tiles; t = sm90_tile_of_round<T>(++round)) {
@@ -434,7 +440,7 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
     // Q is free once the tile's last S GEMM has completed, before that step's softmax, its P V GEMM and the
     // epilogue: the producer, which loads the next tile's Q before its K/V, then starts both that much earlier.
     auto release_q_after = [&](int n) {
-      if (n + 1 == tile.n_max) release(bars.q_empty);
+      if (n + 1 == tile.n_max) release_q();
     };
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
@@ -451,7 +457,7 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
       pass_turn();
       warpgroup_wait<0>();
       warpgroup_fence_operand(acc_s);
-      release(bars.k_empty[stage]);
+      release_kv(bars.k_empty[stage]);
       release_q_after(n);
     };
 
@@ -469,7 +475,7 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
         pass_turn();
         warpgroup_wait<0>();
         warpgroup_fence_operand(acc_o);
-        release(bars.v_empty[stage]);
+        release_kv(bars.v_empty[stage]);
       }
     } else if (tile.n_min < tile.n_max) {
       // Prologue: S of the first key step alone.
@@ -486,7 +492,7 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
       auto finish_pv = [&] {
         warpgroup_wait<0>();
         warpgroup_fence_operand(acc_o);
-        if (pv_stage >= 0) release(bars.v_empty[pv_stage]);
+        if (pv_stage >= 0) release_kv(bars.v_empty[pv_stage]);
       };
       for (int n = tile.n_min + 1; n < tile.n_max; ++n) {
         const int prev = stage;
@@ -505,7 +511,7 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
         pass_turn();
         warpgroup_wait<1>();  // S_n done, P V still running
         warpgroup_fence_operand(acc_s);
-        release(bars.k_empty[stage]);
+        release_kv(bars.k_empty[stage]);
         release_q_after(n);
         scores(n);
       }
@@ -517,11 +523,11 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
       issue_pv(stage);
       warpgroup_wait<0>();
       warpgroup_fence_operand(acc_o);
-      release(bars.v_empty[stage]);
+      release_kv(bars.v_empty[stage]);
       ++it;
     }
 
-    if (tile.n_min >= tile.n_max) release(bars.q_empty);  // an empty tile: no S GEMM read Q
+    if (tile.n_min >= tile.n_max) release_q();  // an empty tile: no S GEMM read Q
 
     // Epilogue: normalise and write lse; O goes through this warpgroup's 64 rows of the O staging buffer and out
     // with TMA stores, which skip rows outside [0, seqlen_q) (varlen: 16-byte stores of the entry's rows).
@@ -573,6 +579,9 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
       }
     }
   }
+  // The other CTA's consumers may still be releasing stages on this CTA's barriers: no CTA of a cluster exits
+  // before all are done.
+  if constexpr (T::kCluster > 1) cluster_sync();
 }
 
 }  // namespace flash_gen
