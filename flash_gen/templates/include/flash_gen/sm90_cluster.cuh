@@ -18,12 +18,13 @@ __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
 }
 
-// One arrival on the barrier at `bar`'s offset in the shared memory of cluster CTA `cta` (release: this thread's
-// earlier accesses, and the wgmma reads it waited for, happen before that CTA sees the arrival).
+// One arrival on the barrier at `bar`'s offset in the shared memory of cluster CTA `cta`. Default semantics
+// (release at CTA scope, as CUTLASS's cluster barriers use): what it orders are wgmma reads this thread has already
+// waited for, against that CTA's producer's next TMA writes; a cluster-scope release would fence every arrival.
 __device__ __forceinline__ void arrive_in_cta(MBarrier& bar, uint32_t cta) {
   asm volatile(
       "{\n .reg .b32 remote;\n mapa.shared::cluster.u32 remote, %0, %1;\n"
-      " mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}" ::"r"(smem_u32(&bar.word)),
+      " mbarrier.arrive.shared::cluster.b64 _, [remote];\n}" ::"r"(smem_u32(&bar.word)),
       "r"(cta)
       : "memory");
 }
