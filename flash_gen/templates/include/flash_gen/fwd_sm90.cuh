@@ -296,7 +296,7 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
   constexpr int kConsumerWarps = T::kConsumerThreads / 32;
   if (threadIdx.x == 0) {
     bars.q_full.init(1);
-    bars.q_empty.init(kConsumerWarps);
+    bars.q_empty.init(T::kConsumerThreads);
     CUTE_UNROLL
     for (int s = 0; s < kStages; ++s) {
       bars.k_full[s].init(1);
@@ -401,20 +401,9 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
   auto release = [&](MBarrier& bar) {
     if (warp_leader) bar.arrive();
   };
-  auto release_q = [&] { release(bars.q_empty); };
-  // Persistent: the tile the producer published. Only the warp's leader reads the slot and hands it to the other
-  // lanes, so the thread that reads it is the one whose q_empty arrival lets the producer rewrite it.
-  auto read_tile_slot = [&](Sm90Tile<T> const& slot) {
-    constexpr int kWords = int(sizeof(Sm90Tile<T>) / sizeof(int));
-    static_assert(sizeof(Sm90Tile<T>) % sizeof(int) == 0);
-    int words[kWords];
-    if (warp_leader) memcpy(words, &slot, sizeof(words));
-    CUTE_UNROLL
-    for (int i = 0; i < kWords; ++i) words[i] = __shfl_sync(0xffffffff, words[i], 0);
-    Sm90Tile<T> tile = first;
-    memcpy(&tile, words, sizeof(words));
-    return tile;
-  };
+  // Q, and in persistent CTAs the tile slot: every consumer thread arrives, once it has read both, so the producer
+  // rewrites neither before each reader is done (a warp leader's arrival alone would order only its own reads).
+  auto release_q = [&] { bars.q_empty.arrive(); };
   // A K/V stage: released in every CTA of the cluster, whose producers all write into it.
   const uint32_t peer = T::kCluster > 1 ? cluster_cta_rank() ^ 1 : 0;
   auto release_kv = [&](MBarrier& bar) {
@@ -428,7 +417,7 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
   for (int round = 0, t = sm90_tile_of_round<T>(0); t < tiles; t = sm90_tile_of_round<T>(++round)) {
     // Also for an empty tile: the Q phases stay in step, and without a buffer of its own O is staged where Q lands.
     bars.q_full.wait(round & 1);
-    const Sm90Tile<T> tile = T::kPersistent ? read_tile_slot(*tile_slot) : first;
+    const Sm90Tile<T> tile = T::kPersistent ? *tile_slot : first;
     const int row0 = tile.row0, diag = tile.diag();
     float slope = 0.f;
     if constexpr (T::kAlibi) slope = p.alibi_slopes[tile.batch * p.alibi_batch_stride + tile.head] * p.alibi_scale;
