@@ -87,9 +87,12 @@ def test_renders_and_compiles_without_spills_on_wgmma(tmp_path, monkeypatch):
         assert "setmaxnreg.inc.sync.aligned.u32 240" in r.ptx and "bar.arrive" in r.ptx  # consumers, ping-pong
         # 176 keys per step in one wgmma per k-step, not eleven of N = 16 (CuTe's extended shapes)
         assert "m64n176k16" in r.ptx and "m64n16k16" not in r.ptx
-    # the cluster's kernel: K/V multicast, launched in clusters of two (compile-time cluster dims)
-    assert [c.cfg.cluster for c in compiled if ".multicast::cluster" in c.result.ptx] == [2]
-    assert all(".reqnctapercluster 2, 1, 1" in c.result.ptx for c in compiled if c.cfg.cluster == 2)
+    # the cluster's kernel alone: K/V multicast, launched in clusters of two (compile-time cluster dims). The batch
+    # is one translation unit, so each kernel's part of the PTX is its .entry section.
+    sections = dict(part.split("(", 1) for part in compiled[0].result.ptx.split(".visible .entry ")[1:])
+    for c in compiled:
+        body = sections[c.entry]
+        assert (".multicast::cluster" in body) == (".reqnctapercluster 2, 1, 1" in body) == (c.cfg.cluster == 2)
 
 
 def test_pack_gqa_pays_where_few_query_positions_leave_tiles_empty():
