@@ -55,6 +55,15 @@ def smem_bytes(key: FwdKey, cfg: FwdTiling) -> int:
     return spec.smem_bytes(key, cfg)
 
 
+def packed_query_tiles(cfg: FwdTiling, seqlen_q: int, group: int) -> int | None:
+    """Query tiles per KV head of a pack-GQA launch tiled by `cfg` (`group` query heads stacked per tile); None
+    where the Hopper kernel cannot stack that many heads (spec_sm90.packed_positions)."""
+    if isinstance(cfg, Sm90FwdConfig):
+        positions = spec_sm90.packed_positions(cfg, group)
+        return -(-seqlen_q // positions) if positions else None
+    return -(-seqlen_q * group // cfg.block_m)
+
+
 def pack_gqa_pays(key: FwdKey, seqlen_q: int, group: int) -> bool:
     """Whether a call of the unpacked `key` with `group` query heads per KV head should run its pack-GQA key:
     when the packed kernel's default tiling takes no more query tiles per KV head than the unpacked one's. A tile
@@ -64,14 +73,6 @@ def pack_gqa_pays(key: FwdKey, seqlen_q: int, group: int) -> bool:
     are equal; docs/benchmarks.md). Not for ALiBi (a slope per head) or packed ragged batches."""
     if group == 1 or key.alibi or key.varlen or key.pack_gqa:
         return False
-    packed_key = dataclasses.replace(key, pack_gqa=True)
-    packed_cfg = default_config(packed_key)
-    if isinstance(packed_cfg, Sm90FwdConfig):
-        positions = spec_sm90.packed_positions(packed_cfg, group)
-        if positions == 0:
-            return False
-        packed = -(-seqlen_q // positions)
-    else:
-        packed = -(-seqlen_q * group // packed_cfg.block_m)
+    packed = packed_query_tiles(default_config(dataclasses.replace(key, pack_gqa=True)), seqlen_q, group)
     unpacked = group * -(-seqlen_q // default_config(key).block_m)
-    return packed <= unpacked
+    return packed is not None and packed <= unpacked

@@ -114,7 +114,8 @@ def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvca
         for dtype, d, name, mask_name, _, sq, sk, _, _, feature in ts.CASES:
             mask = derive_mask(*t.MASKS[mask_name], sq, sk)[0]
             feats = feature.split("+")
-            key = FwdKey(arch, dtype, d, mask, "softcap" in feats, feature.startswith("alibi"), pack_gqa="pack" in feats)
+            key = FwdKey(arch, dtype, d, mask, "softcap" in feats, feature.startswith("alibi"),
+                         pack_gqa="pack" in feats)
             out.add((key, config_from_name(name)))
         for d, mask, name in itertools.product((64, 128, 256), ("none", "causal"), SM90_BENCH_CONFIGS):
             key, cfg = FwdKey(arch, "bf16", d, mask), config_from_name(name)

@@ -28,7 +28,7 @@ from flash_gen.runtime.score_params import (
     varlen_tiles,
 )
 from flash_gen.spec import FwdConfig, FwdKey, bucket_name, ctas_per_sm
-from flash_gen.spec_sm90 import ROWS_PER_CONSUMER, Sm90FwdConfig, packed_positions
+from flash_gen.spec_sm90 import ROWS_PER_CONSUMER, Sm90FwdConfig
 from flash_gen.tuned import tuned_config
 
 
@@ -182,14 +182,11 @@ def plan_fwd(
     if varlen:
         grid = (varlen_tiles(seqlen_q, batch, var.cfg.block_m), nheads, 1)
     elif pack_gqa:  # tiles of a KV head's whole group of query heads
-        if isinstance(var.cfg, Sm90FwdConfig):
-            positions = packed_positions(var.cfg, group)
-            if positions == 0:
-                raise ValueError(f"pack_gqa: {group} query heads per KV head do not fit one warpgroup's "
-                                 f"{ROWS_PER_CONSUMER} rows")
-            grid = (-(-seqlen_q // positions), nheads_k, batch)
-        else:
-            grid = (-(-seqlen_q * group // var.cfg.block_m), nheads_k, batch)
+        m_tiles = fwd_tilings.packed_query_tiles(var.cfg, seqlen_q, group)
+        if m_tiles is None:
+            raise ValueError(f"pack_gqa: {group} query heads per KV head do not fit one warpgroup's "
+                             f"{ROWS_PER_CONSUMER} rows")
+        grid = (m_tiles, nheads_k, batch)
     else:
         grid = (-(-seqlen_q // var.cfg.block_m), nheads, batch)
     if isinstance(var.cfg, Sm90FwdConfig):  # a 1-D grid of query tiles; persistent: as many CTAs as fit walk them
