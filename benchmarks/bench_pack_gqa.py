@@ -31,7 +31,7 @@ GROUPS = (4, 8)
 PEERS = {"cuDNN": SDPBackend.CUDNN_ATTENTION, "FA2": SDPBackend.FLASH_ATTENTION}
 
 
-def _sdpa(backend: SDPBackend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+def sdpa_call(backend: SDPBackend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
     """A zero-argument SDPA call on (b, s, h, d) inputs, or None when the backend refuses the shape."""
     group = q.shape[2] // k.shape[2]
     qt = q.transpose(1, 2)
@@ -80,7 +80,7 @@ def main() -> int:
                     "unpacked": lambda: attention_fwd(q, k, v, **runtime, pack_gqa=False),
                 }
                 if not causal:
-                    impls.update({name: fn for name, b in PEERS.items() if (fn := _sdpa(b, q, k, v)) is not None})
+                    impls.update({name: fn for name, b in PEERS.items() if (fn := sdpa_call(b, q, k, v)) is not None})
                 diff = (impls["packed"]()[0].float() - impls["unpacked"]()[0].float()).abs().max().item()
                 pairs = sq * (SEQLEN_K - sq) + sq * (sq + 1) // 2 if causal else sq * SEQLEN_K
                 flops = 4 * BATCH * NHEADS_K * group * HDIM * pairs

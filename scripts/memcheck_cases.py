@@ -6,7 +6,7 @@ kernel read or write outside its tensors):
     compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 python3 scripts/memcheck_cases.py
 
 Malformed values give meaningless numbers; only memory safety is checked here (the GPU tests check results).
-Uses kernels tests/test_{varlen,kvcache,bwd,fwd_sm90}_gpu.py and benchmarks/bench_pack_gqa.py use (prebuilt by
+Uses kernels tests/test_{varlen,kvcache,bwd,fwd,fwd_sm90}_gpu.py and benchmarks/bench_pack_gqa.py use (prebuilt by
 scripts/prebuild_gpu_test_kernels.py).
 """
 
@@ -70,6 +70,17 @@ def pack_gqa_cases() -> int:
     return len(cases)
 
 
+def dense_split_cases() -> int:
+    """Dense calls with few query tiles and thousands of keys, which the runtime splits over CTAs (the KV-cache
+    kernel reading K/V as a full cache, then the combine): packed GQA with a causal mask, and MHA."""
+    cases = [(2, 1, 3001, 8, 2, True), (1, 3, 2500, 4, 4, False)]
+    for b, sq, sk, h, hk, causal in cases:
+        q = torch.randn(b, sq, h, 128, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(b, sk, hk, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        flash_attn_func(q, k, v, causal=causal)
+    return len(cases)
+
+
 def hopper_tiling_cases() -> int:
     """Hopper forward tilings the defaults do not use (tests/test_fwd_sm90_gpu.py builds them): persistent
     ping-pong CTAs with pack-GQA (the producer's tile slot), and clusters sharing K/V by multicast, persistent and
@@ -120,7 +131,7 @@ def kvcache_cases() -> int:
 
 
 if __name__ == "__main__":
-    n = varlen_cases() + dense_backward_cases() + pack_gqa_cases() + kvcache_cases()
+    n = varlen_cases() + dense_backward_cases() + pack_gqa_cases() + dense_split_cases() + kvcache_cases()
     if torch.cuda.get_device_capability() == (9, 0):
         n += hopper_tiling_cases()
     torch.cuda.synchronize()

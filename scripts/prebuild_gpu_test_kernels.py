@@ -70,6 +70,12 @@ def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvca
         if isinstance(c, tb.Case):
             out.add(default_bwd(c.dtype, c.head_dim, mask, c.feature == "softcap", c.feature.startswith("alibi"),
                                 c.deterministic))
+    if "fwd" in suites:  # test_split_kv_matches_reference and test_few_query_tiles_split_their_keys
+        for c in t.SPLIT_CASES + [t.Case("bf16", 128, 1, 8192, 2, 8, 2, "causal")]:
+            mask, _ = derive_mask(*t.MASKS[c.mask], c.seqlen_q, c.seqlen_k)
+            alibi = c.feature.startswith("alibi")
+            out.add(default(c.dtype, c.head_dim, mask, c.feature == "softcap", alibi, kv="cache", split=True,
+                            pack=c.nheads_k < c.nheads and not alibi))
     if "varlen" in suites:
         for c in tv.CASES:
             causal, window = t.MASKS[c.mask]
@@ -139,6 +145,8 @@ def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvca
             out.update(default("bf16", 128, mask, kv=kv, split=split, pack=True) for kv in ("cache", "paged")
                        for split in (False, True))  # benchmarks/bench_decode.py (GQA 32/8)
             out.add(default("bf16", 128, mask, pack=True))  # benchmarks/bench_pack_gqa.py, memcheck_cases.py
+        # benchmarks/bench_dense_split.py: split dense calls, MHA and packed
+        out.update(default("bf16", 128, "none", kv="cache", split=True, pack=pack) for pack in (False, True))
     # Tilings the shipped tuning database picks for keys the suites use (the runtime prefers them).
     from flash_gen.tuned import live_configs
 

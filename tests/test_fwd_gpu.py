@@ -82,8 +82,9 @@ def _inputs(case: Case, seed: int):
     return q, k, v, alibi
 
 
-def _run(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, out=None):
-    """The runtime's forward on validated, normalized arguments, as flash_attn_func calls it, plus `out`."""
+def _run(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, out=None, num_splits=0):
+    """The runtime's forward on validated, normalized arguments, as flash_attn_func calls it, plus `out` and
+    `num_splits`."""
     from flash_gen.runtime.fwd import attention_fwd
 
     args = validate_fwd(q, k, v, causal=causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes)
@@ -97,18 +98,26 @@ def _run(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slop
         softcap=args.softcap,
         alibi_slopes=alibi_slopes,
         out=out,
+        num_splits=num_splits,
     )
 
 
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_forward_matches_reference(case: Case):
+    _check_case(case)
+
+
+def _check_case(case: Case, num_splits: int = 0) -> None:
+    """out and softmax_lse of the runtime's forward (num_splits as attention_fwd takes it) against the float64
+    reference, out poisoned beforehand."""
     seed = fresh_seed()
     q, k, v, alibi = _inputs(case, seed)
     causal, window = MASKS[case.mask]
     softcap = SOFTCAP if case.feature == "softcap" else 0.0
     out = torch.full_like(q, float("nan"))  # poisoned: every element must be written by the kernel
-    result, lse = _run(q, k, v, causal=causal, window_size=window, softcap=softcap, alibi_slopes=alibi, out=out)
-    where = f"{case} seed={seed}"
+    result, lse = _run(q, k, v, causal=causal, window_size=window, softcap=softcap, alibi_slopes=alibi, out=out,
+                       num_splits=num_splits)
+    where = f"{case} splits={num_splits} seed={seed}"
     assert result.data_ptr() == out.data_ptr(), f"{where}: out= was not written in place"
     assert not result.isnan().any(), f"{where}: {int(result.isnan().sum())} outputs never written (still NaN)"
 
@@ -241,3 +250,30 @@ PACKED_CONFIGS = ("m128n64w4s1", "m64n64w4s2")
 def test_portable_pack_gqa_matches_reference(config: str, mask: str):
     """Pack-GQA over dense K/V on the portable kernel: each tile stacks a KV head's 7 query heads (few positions)."""
     _check_forced(Case("bf16", 64, 37, 300, 2, 14, 2, mask), config, pack_gqa=True)
+
+
+# Split-KV over dense K/V (the KV-cache kernel reading them as a full cache, then the combine): every mask and
+# feature with GQA and a query tile's keys shared by 3 CTAs, some of which see no key under the narrow windows;
+# MHA with one query row; a group of 8 at head dim 256.
+SPLIT_CASES = [Case("bf16", 128, 37, 1000, 2, 8, 2, m, f) for m in MASKS for f in FEATURES]
+SPLIT_CASES += [Case("fp16", 64, 1, 777, 3, 4, 4, m) for m in ("none", "causal")]
+SPLIT_CASES += [Case("bf16", 256, 3, 1500, 1, 8, 1, "causal")]
+
+
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=str)
+def test_split_kv_matches_reference(case: Case):
+    _check_case(case, num_splits=3)
+
+
+def test_few_query_tiles_split_their_keys():
+    """A decoding-like dense call (one query position, a long key sequence) splits its keys; a full GPU's worth
+    of query tiles and a short key sequence do not; the split call against the reference."""
+    from flash_gen.runtime.fwd import plan_fwd
+
+    score = dict(softmax_scale=0.1, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None)
+    kv = torch.randn(2, 8192, 2, 128, device="cuda", dtype=torch.bfloat16)
+    assert plan_fwd(torch.empty(2, 1, 8, 128, device="cuda", dtype=torch.bfloat16), kv, kv, **score).splits > 1
+    assert plan_fwd(torch.empty(2, 4096, 8, 128, device="cuda", dtype=torch.bfloat16), kv, kv, **score).splits == 1
+    short = kv[:, :256]
+    assert plan_fwd(torch.empty(2, 1, 8, 128, device="cuda", dtype=torch.bfloat16), short, short, **score).splits == 1
+    _check_case(Case("bf16", 128, 1, 8192, 2, 8, 2, "causal"))

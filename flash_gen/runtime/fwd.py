@@ -10,6 +10,7 @@ Must not import optuna.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -69,8 +70,9 @@ class Sm90FwdParams(ctypes.Structure):
 
 # Byte offsets of the per-call addresses in FwdParams (run_fwd patches them into the shape's template), and of
 # FwdParams inside the Hopper struct.
-_OFF_Q, _OFF_K, _OFF_V, _OFF_O, _OFF_LSE, _OFF_ALIBI, _OFF_CU_Q, _OFF_CU_K = (
-    getattr(FwdParams, f).offset for f in ("q", "k", "v", "o", "lse", "alibi_slopes", "cu_seqlens_q", "cu_seqlens_k"))
+_OFF_Q, _OFF_K, _OFF_V, _OFF_O, _OFF_LSE, _OFF_ALIBI, _OFF_CU_Q, _OFF_CU_K, _OFF_O_PARTIAL, _OFF_LSE_PARTIAL = (
+    getattr(FwdParams, f).offset for f in ("q", "k", "v", "o", "lse", "alibi_slopes", "cu_seqlens_q", "cu_seqlens_k",
+                                           "o_partial", "lse_partial"))
 _SM90_BASE = Sm90FwdParams.base.offset
 
 
@@ -134,12 +136,15 @@ def _config(key: FwdKey, bucket: str) -> FwdTiling:
 class FwdPlan:
     """Everything a dense or packed forward launch needs that the call's shapes, strides, dtype, device and score
     arguments fix: the variant, the parameter template, the grid. flash_gen.ops keeps one per validated
-    argument layout, so a repeated eager call goes straight to run_fwd."""
+    argument layout, so a repeated eager call goes straight to run_fwd. A split-KV plan (splits > 1) has its own
+    template (the shape's with the split count) and the combine kernel that merges the splits."""
 
-    __slots__ = ("var", "shape", "grid", "lse_like")
+    __slots__ = ("var", "shape", "grid", "lse_like", "splits", "params", "combine")
 
-    def __init__(self, var: _Variant, shape: _Shape, grid: tuple[int, int, int], device: torch.device) -> None:
+    def __init__(self, var: _Variant, shape: _Shape, grid: tuple[int, int, int], device: torch.device,
+                 splits: int = 1, params: FwdParams | None = None, combine: driver.Kernel | None = None) -> None:
         self.var, self.shape, self.grid = var, shape, grid
+        self.splits, self.params, self.combine = splits, params, combine
         # softmax_lse's shape, dtype and device over one float: torch.empty_like of it allocates a contiguous lse
         # faster than new_empty(shape, dtype=) parses its arguments.
         self.lse_like = torch.empty((), dtype=torch.float32, device=device).expand(shape.lse_shape)
@@ -160,6 +165,7 @@ def plan_fwd(
     out: torch.Tensor | None = None,
     config: FwdTiling | None = None,
     pack_gqa: bool | None = None,
+    num_splits: int = 0,
 ) -> FwdPlan:
     """The plan of an attention_fwd call (same arguments; only the shapes and strides of the tensors count)."""
     varlen = cu_seqlens_q is not None
@@ -172,13 +178,19 @@ def plan_fwd(
     group = nheads // nheads_k
     features = (device, DTYPES[q.dtype], q.shape[-1], mask_kind(causal, window_size), softcap > 0,
                 alibi_slopes is not None, varlen)
+    out_stride = out.stride() if out is not None else _contiguous_strides(q.shape)
+    shape = _shape(q, k, v, out_stride, batch, seqlen_k, causal=causal, window_size=window_size,
+                   softmax_scale=softmax_scale, softcap=softcap, alibi_slopes=alibi_slopes)
+    if num_splits < 0:
+        raise ValueError(f"num_splits must be >= 0 (0: chosen here), got {num_splits}")
+    if not varlen and kv == "dense" and (num_splits > 1 or (num_splits == 0 and config is None and pack_gqa is None)):
+        split = _split_plan(features, q, shape, seqlen_k, nheads_k, num_splits, config, pack_gqa)
+        if split is not None:
+            return split
     if pack_gqa is None:
         pack_gqa = kv == "dense" and fwd_tilings.pack_gqa_pays(
             FwdKey(driver.device_arch(device), *features[1:]), seqlen_q, group)
     var = _variant(*features, config, kv, pack_gqa=pack_gqa, bucket=bucket_name("fwd", seqlen_k))
-    out_stride = out.stride() if out is not None else _contiguous_strides(q.shape)
-    shape = _shape(q, k, v, out_stride, batch, seqlen_k, causal=causal, window_size=window_size,
-                   softmax_scale=softmax_scale, softcap=softcap, alibi_slopes=alibi_slopes)
     if varlen:
         grid = (varlen_tiles(seqlen_q, batch, var.cfg.block_m), nheads, 1)
     elif pack_gqa:  # tiles of a KV head's whole group of query heads
@@ -197,6 +209,60 @@ def plan_fwd(
         resident = driver.sm_count(device) * var.cfg.ctas_per_sm // cluster * cluster
         grid = (min(tiles, resident) if var.cfg.persistent else tiles, 1, 1)
     return FwdPlan(var, shape, grid, q.device)
+
+
+def _split_plan(features: tuple, q: torch.Tensor, shape: _Shape, seqlen_k: int, nheads_k: int, num_splits: int,
+                config: FwdTiling | None, pack_gqa: bool | None) -> FwdPlan | None:
+    """A split-KV plan of a dense batch, or None where it does not pay (num_splits 0) or one split is chosen.
+    Dense K/V are read as a contiguous KV cache with every row used, so this is the decoding kernel
+    (attention_fwd_kvcache's tiling, bucket and heuristic) and its combine kernel."""
+    device, dtype, head_dim, mask, softcap, alibi, _ = features
+    batch, seqlen_q, nheads, _ = q.shape
+    group = nheads // nheads_k
+    if not num_splits:  # decided before any kernel is looked up: most calls never split
+        unsplit = _unsplit_launch(FwdKey(driver.device_arch(device), *features[1:]), batch, seqlen_q, nheads, group)
+        if not split_pays(*unsplit, driver.sm_count(device), seqlen_k):
+            return None
+    pack = group > 1 and not alibi if pack_gqa is None else pack_gqa
+    cfg, slots = _decode_tiling(device, dtype, head_dim, mask, softcap, alibi, False, "cache", pack,
+                                bucket_name("decode", seqlen_k), config)
+    tile_heads, rows = (nheads_k, seqlen_q * group) if pack else (nheads, seqlen_q)
+    m_blocks = -(-rows // cfg.block_m)
+    splits = num_splits or choose_num_splits(batch * tile_heads * m_blocks, -(-seqlen_k // cfg.block_n), slots)
+    if splits <= 1:
+        return None
+    var = _variant(device, dtype, head_dim, mask, softcap, alibi, False, cfg, "cache", True, pack)
+    params = FwdParams.from_buffer_copy(shape.params)
+    params.kv_batches, params.num_splits = batch, splits
+    return FwdPlan(var, shape, (m_blocks, tile_heads, batch * splits), q.device, splits, params,
+                   _combine_kernel(device, dtype))
+
+
+def _unsplit_launch(key: FwdKey, batch: int, seqlen_q: int, nheads: int, group: int) -> tuple[int, float]:
+    """CTAs of an unsplit dense launch under the key's default tiling (pack-GQA where it pays), and the share of
+    their query rows that hold a query: the split decision's inputs, estimated without loading a kernel."""
+    if fwd_tilings.pack_gqa_pays(key, seqlen_q, group):
+        cfg = fwd_tilings.default_config(dataclasses.replace(key, pack_gqa=True))
+        tiles, rows = fwd_tilings.packed_query_tiles(cfg, seqlen_q, group), seqlen_q * group
+        return batch * (nheads // group) * tiles, rows / (tiles * cfg.block_m)
+    block_m = fwd_tilings.default_config(key).block_m
+    tiles = -(-seqlen_q // block_m)
+    return batch * nheads * tiles, seqlen_q / (tiles * block_m)
+
+
+SPLIT_MIN_KEYS = 2048
+
+
+def split_pays(ctas: int, row_use: float, sms: int, seqlen_k: int) -> bool:
+    """Whether a dense call should split its `seqlen_k` keys when its unsplit launch has `ctas` CTAs whose query
+    rows are `row_use` used. The split (portable) kernel runs a full query tile at under half the Hopper kernel's
+    speed, so splitting pays only when the unsplit CTAs would keep at most a quarter of the `sms` busy, and from
+    SPLIT_MIN_KEYS keys (the partials' round trip and the combine's launch) where at most an eighth would be busy
+    or the tiles are at most half used (memory-bound either way), from twice that otherwise (H200, head dim 128:
+    docs/benchmarks.md)."""
+    if 4 * ctas > sms or seqlen_k < SPLIT_MIN_KEYS:
+        return False
+    return seqlen_k >= 2 * SPLIT_MIN_KEYS or 8 * ctas <= sms or row_use <= 0.5
 
 
 def run_fwd(
@@ -231,7 +297,9 @@ def run_fwd(
         patches += (_OFF_ALIBI, alibi_slopes.data_ptr())
     if cu_seqlens_q is not None:
         patches += (_OFF_CU_Q, cu_seqlens_q.data_ptr(), _OFF_CU_K, cu_seqlens_k.data_ptr())
-    if isinstance(var.cfg, Sm90FwdConfig):
+    if plan.splits > 1:
+        _launch_split(var, plan.combine, plan.grid, plan.params, q, plan.splits, stream, patches)
+    elif isinstance(var.cfg, Sm90FwdConfig):
         params = _sm90_params(shape, var, q, k, v, out)
         var.kernel.launch(plan.grid, var.block, var.smem, stream, params, patches, _SM90_BASE)
     else:
@@ -255,6 +323,7 @@ def attention_fwd(
     out: torch.Tensor | None = None,
     config: FwdTiling | None = None,
     pack_gqa: bool | None = None,
+    num_splits: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward attention on validated inputs; returns (out, softmax_lse).
 
@@ -265,11 +334,13 @@ def attention_fwd(
     well, k/v are a paged cache (num_blocks, page_size, hk, d) holding entry b's cu_seqlens_k[b+1] -
     cu_seqlens_k[b] keys in its pages. `out`, when given, is written in place (shape of q, last dim contiguous).
     `config` forces a tiling (benchmarks, the tuner); ValueError if it cannot run this key. `pack_gqa` forces
-    pack-GQA on or off for dense batches (None: where fwd_tilings.pack_gqa_pays says so).
+    pack-GQA on or off for dense batches (None: where fwd_tilings.pack_gqa_pays says so). `num_splits` > 1
+    splits a dense batch's keys over that many CTAs per query tile (the KV-cache kernel and its combine), 1 never
+    splits, 0 splits where split_pays says so (not when `config` or `pack_gqa` is forced).
     """
     plan = plan_fwd(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
                     alibi_slopes=alibi_slopes, cu_seqlens_q=cu_seqlens_q, block_table=block_table, out=out,
-                    config=config, pack_gqa=pack_gqa)
+                    config=config, pack_gqa=pack_gqa, num_splits=num_splits)
     return run_fwd(plan, q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, block_table, out)
 
 
@@ -335,15 +406,22 @@ def attention_fwd_kvcache(
     stream = torch._C._cuda_getCurrentRawStream(device)
     if splits == 1:
         var.kernel.launch((m_blocks, tile_heads, batch), var.block, var.smem, stream, p)
-        return out, lse
+    else:
+        _launch_split(var, _combine_kernel(device, dtype), (m_blocks, tile_heads, batch * splits), p, q, splits, stream)
+    return out, lse
+
+
+def _launch_split(var: _Variant, combine: driver.Kernel, grid: tuple[int, int, int], params: FwdParams,
+                  q: torch.Tensor, splits: int, stream: int, patches: tuple[int, ...] = ()) -> None:
+    """A split-KV launch (each CTA writes its share of the keys' fp32 partial O and lse) and the combine kernel
+    that merges them into out and lse; `params` holds num_splits and, with `patches`, the call's addresses."""
+    batch, seqlen_q, nheads, head_dim = q.shape
     f32 = dict(dtype=torch.float32, device=q.device)
     o_partial = torch.empty((splits, batch, nheads, seqlen_q, head_dim), **f32)
     lse_partial = torch.empty((splits, batch, nheads, seqlen_q), **f32)
-    p.o_partial, p.lse_partial = o_partial.data_ptr(), lse_partial.data_ptr()
-    var.kernel.launch((m_blocks, tile_heads, batch * splits), var.block, var.smem, stream, p)
-    combine = _combine_kernel(device, dtype)
-    combine.launch((seqlen_q, nheads, batch), (_COMBINE_THREADS, 1, 1), 0, stream, p)
-    return out, lse
+    patches += (_OFF_O_PARTIAL, o_partial.data_ptr(), _OFF_LSE_PARTIAL, lse_partial.data_ptr())
+    var.kernel.launch(grid, var.block, var.smem, stream, params, patches)
+    combine.launch((seqlen_q, nheads, batch), (_COMBINE_THREADS, 1, 1), 0, stream, params, patches)
 
 
 @functools.lru_cache(maxsize=None)
