@@ -55,6 +55,13 @@ def smem_bytes(key: FwdKey, cfg: FwdTiling) -> int:
     return spec.smem_bytes(key, cfg)
 
 
+def ctas_per_sm(key: FwdKey, cfg: FwdTiling) -> int:
+    """Resident CTAs per SM of `key` tiled by `cfg`."""
+    if isinstance(cfg, Sm90FwdConfig):
+        return cfg.ctas_per_sm
+    return spec.ctas_per_sm(key, cfg)
+
+
 def packed_query_tiles(cfg: FwdTiling, seqlen_q: int, group: int) -> int | None:
     """Query tiles per KV head of a pack-GQA launch tiled by `cfg` (`group` query heads stacked per tile); None
     where the Hopper kernel cannot stack that many heads (spec_sm90.packed_positions)."""

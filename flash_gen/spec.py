@@ -72,7 +72,9 @@ class FwdKey:
     # page size, each row found through the block table. With varlen: a paged cache whose entries' lengths come
     # from cu_seqlens_k (flash_attn_varlen_func with block_table).
     kv: str = "dense"
-    split: bool = False  # split-KV: each CTA covers a share of the keys and writes fp32 partials to combine
+    # Split-KV: each CTA covers a share of the keys and writes fp32 partials to combine; for KV caches and for
+    # dense batches with few query tiles (the runtime splits them where runtime.fwd.split_pays says so).
+    split: bool = False
     # GQA/MQA: one CTA serves all query heads of a KV head, their rows stacked along the query tile, so each K/V
     # tile is read once per group instead of once per query head (decoding reads little else) and few query rows
     # still fill a tile (the runtime packs dense calls where that needs fewer tiles: fwd_tilings.pack_gqa_pays).
@@ -89,8 +91,8 @@ class FwdKey:
             raise ValueError(f"mask must be one of {MASKS}, got {self.mask!r}")
         if self.kv not in KV_LAYOUTS:
             raise ValueError(f"kv must be one of {KV_LAYOUTS}, got {self.kv!r}")
-        if self.split and (self.kv == "dense" or self.varlen):
-            raise ValueError("split-KV is built for KV-cache kernels with dense queries only")
+        if self.split and self.varlen:
+            raise ValueError("split-KV is built for dense query batches only")
         if self.pack_gqa and self.varlen:
             raise ValueError("pack_gqa stacks the heads of dense query batches, not packed ragged ones")
         if self.pack_gqa and self.alibi:
@@ -241,8 +243,8 @@ def enumerate_keys(
 ) -> Iterator[FwdKey]:
     """The forward key space: every (arch, dtype, head dim, mask, softcap, alibi, varlen) combination."""
     layouts = [(packed, kv, False, False) for packed in varlen for kv in KV_LAYOUTS] + [
-        (False, kv, True, False) for kv in KV_LAYOUTS[1:]
-    ] + [(False, kv, split, True) for kv in KV_LAYOUTS for split in (False, True) if not (split and kv == "dense")]
+        (False, kv, True, pack) for kv in KV_LAYOUTS for pack in (False, True)
+    ] + [(False, kv, False, True) for kv in KV_LAYOUTS]
     for arch, dtype, hd, mask in itertools.product(archs, dtypes, head_dims, masks):
         for softcap, alibi, (packed, kv, split, pack) in itertools.product((False, True), (False, True), layouts):
             if not (alibi and pack):

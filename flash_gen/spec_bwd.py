@@ -181,7 +181,8 @@ def enumerate_bwd_keys(
 ) -> Iterator[BwdKey]:
     """The backward key space: every forward key, in either dQ order."""
     for fwd in enumerate_keys(archs, dtypes, head_dims, masks, varlen):
-        if fwd.kv != "dense" or fwd.pack_gqa:  # KV caches serve inference; pack-GQA is a forward tiling choice
+        if fwd.kv != "dense" or fwd.pack_gqa or fwd.split:  # KV caches serve inference; pack-GQA and split-KV are
+            # the forward's choices for few query tiles
             continue
         fields = {f.name: getattr(fwd, f.name) for f in dataclasses.fields(BwdKey) if hasattr(fwd, f.name)}
         for det in deterministic:

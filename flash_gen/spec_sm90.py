@@ -112,8 +112,10 @@ def sm90_infeasible_reason(key: FwdKey, cfg: Sm90FwdConfig) -> str | None:
     """Why the Hopper kernel cannot run `key` with `cfg` (None when it can)."""
     if key.arch != "sm90":
         return f"wgmma kernels are built for sm90, not {key.arch}"
-    if key.split or key.kv != "dense":
-        return f"not supported yet: {'split' if key.split else key.kv}"
+    if key.kv != "dense":
+        return f"not supported yet: kv {key.kv}"
+    if key.split and (cfg.persistent or cfg.cluster > 1):
+        return "split-KV runs one CTA per (query tile, split), without clusters"
     if key.varlen and cfg.persistent:
         return "varlen runs one CTA per tile (each CTA finds its tile with a warp-collective scan)"
     if key.head_dim % 8 or key.head_dim > 256:
@@ -151,14 +153,14 @@ def default_sm90_config(key: FwdKey) -> Sm90FwdConfig | None:
     longest first: 2-7% over one CTA per tile); at 64 and 256 no persistent CTAs (spills at 64; at 256 Q, O and
     two K/V stages exceed shared memory). Ping-pong only where it measured ahead: the three warpgroups of head
     dim 64. Other head dims take the tiling of the multiple of 64 they are computed as (sm90_head_dim): at 32, 96
-    and 160 that ran 1.0-1.9x the portable kernel's defaults (H200, 2026-11-30). Packed (varlen) batches take the
-    same tiling with one CTA per tile."""
+    and 160 that ran 1.0-1.9x the portable kernel's defaults (H200, 2026-11-30). Packed (varlen) batches and
+    split-KV take the same tiling with one CTA per tile."""
     if key.head_dim <= 64:
         cfg = Sm90FwdConfig(128, 2, pingpong=True, block_m=192)
     elif key.head_dim <= 128:
         cfg = Sm90FwdConfig(128, 2, pingpong=False, persistent=True)
     else:
         cfg = Sm90FwdConfig(64, 2, pingpong=False)
-    if key.varlen:
+    if key.varlen or key.split:
         cfg = replace(cfg, persistent=False)
     return cfg if sm90_infeasible_reason(key, cfg) is None else None

@@ -71,8 +71,8 @@ def pack_gqa_cases() -> int:
 
 
 def dense_split_cases() -> int:
-    """Dense calls with few query tiles and thousands of keys, which the runtime splits over CTAs (the KV-cache
-    kernel reading K/V as a full cache, then the combine): packed GQA with a causal mask, and MHA."""
+    """Dense calls with few query tiles and thousands of keys, which the runtime splits over CTAs (the kernel's
+    split form, then the combine): packed GQA with a causal mask, and MHA."""
     cases = [(2, 1, 3001, 8, 2, True), (1, 3, 2500, 4, 4, False)]
     for b, sq, sk, h, hk, causal in cases:
         q = torch.randn(b, sq, h, 128, device="cuda", dtype=torch.bfloat16)

@@ -70,12 +70,15 @@ def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvca
         if isinstance(c, tb.Case):
             out.add(default_bwd(c.dtype, c.head_dim, mask, c.feature == "softcap", c.feature.startswith("alibi"),
                                 c.deterministic))
-    if "fwd" in suites:  # test_split_kv_matches_reference and test_few_query_tiles_split_their_keys
-        for c in t.SPLIT_CASES + [t.Case("bf16", 128, 1, 8192, 2, 8, 2, "causal")]:
+    if "fwd" in suites:  # the split-KV tests of dense calls
+        extra = [t.Case("bf16", 128, 1, 8192, 2, 8, 2, "causal"), t.Case("fp16", 64, 5, 300, 2, 4, 4, "causal")]
+        for c in t.SPLIT_CASES + extra:
             mask, _ = derive_mask(*t.MASKS[c.mask], c.seqlen_q, c.seqlen_k)
-            alibi = c.feature.startswith("alibi")
-            out.add(default(c.dtype, c.head_dim, mask, c.feature == "softcap", alibi, kv="cache", split=True,
-                            pack=c.nheads_k < c.nheads and not alibi))
+            feats = (c.feature == "softcap", c.feature.startswith("alibi"))
+            pack = pack_gqa_pays(FwdKey(arch, c.dtype, c.head_dim, mask, *feats), c.seqlen_q, c.nheads // c.nheads_k)
+            out.add(default(c.dtype, c.head_dim, mask, *feats, split=True, pack=pack))
+        for mask, pack in itertools.product(("none", "causal", "local"), (False, True)):
+            out.add((FwdKey(arch, "bf16", 128, mask, split=True, pack_gqa=pack), config_from_name("m64n64w4s2")))
     if "varlen" in suites:
         for c in tv.CASES:
             causal, window = t.MASKS[c.mask]
@@ -146,7 +149,7 @@ def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvca
                        for split in (False, True))  # benchmarks/bench_decode.py (GQA 32/8)
             out.add(default("bf16", 128, mask, pack=True))  # benchmarks/bench_pack_gqa.py, memcheck_cases.py
         # benchmarks/bench_dense_split.py: split dense calls, MHA and packed
-        out.update(default("bf16", 128, "none", kv="cache", split=True, pack=pack) for pack in (False, True))
+        out.update(default("bf16", 128, "none", split=True, pack=pack) for pack in (False, True))
     # Tilings the shipped tuning database picks for keys the suites use (the runtime prefers them).
     from flash_gen.tuned import live_configs
 

@@ -216,8 +216,9 @@ CONFIGS = {
 }
 
 
-def _check_forced(case: Case, config: str, pack_gqa: bool = False) -> None:
-    """The runtime's forward forced to tiling `config` (and pack-GQA or not) against the float64 reference."""
+def _check_forced(case: Case, config: str, pack_gqa: bool = False, num_splits: int = 1) -> None:
+    """The runtime's forward forced to tiling `config` (pack-GQA or not, `num_splits`) against the float64
+    reference."""
     from flash_gen.fwd_tilings import config_from_name
     from flash_gen.runtime.fwd import attention_fwd
 
@@ -227,7 +228,8 @@ def _check_forced(case: Case, config: str, pack_gqa: bool = False) -> None:
     args = validate_fwd(q, k, v, causal=causal, window_size=window)
     out = torch.full_like(q, float("nan"))
     attention_fwd(q, k, v, softmax_scale=args.softmax_scale, causal=args.causal, window_size=args.window_size,
-                  softcap=0.0, alibi_slopes=None, out=out, config=config_from_name(config), pack_gqa=pack_gqa)
+                  softcap=0.0, alibi_slopes=None, out=out, config=config_from_name(config), pack_gqa=pack_gqa,
+                  num_splits=num_splits)
     ref = dict(scale=case.head_dim**-0.5, causal=causal, window=window, softcap=0.0, alibi_slopes=None)
     out64, _ = attention_ref(q, k, v, **ref, upcast=True)
     out_low, _ = attention_ref(q, k, v, **ref, upcast=False)
@@ -252,9 +254,9 @@ def test_portable_pack_gqa_matches_reference(config: str, mask: str):
     _check_forced(Case("bf16", 64, 37, 300, 2, 14, 2, mask), config, pack_gqa=True)
 
 
-# Split-KV over dense K/V (the KV-cache kernel reading them as a full cache, then the combine): every mask and
-# feature with GQA and a query tile's keys shared by 3 CTAs, some of which see no key under the narrow windows;
-# MHA with one query row; a group of 8 at head dim 256.
+# Split-KV over dense K/V (the default kernel's split form, then the combine): every mask and feature with GQA
+# and a query tile's keys shared by 3 CTAs, some of which see no key under the narrow windows; MHA with one query
+# row; a group of 8 at head dim 256.
 SPLIT_CASES = [Case("bf16", 128, 37, 1000, 2, 8, 2, m, f) for m in MASKS for f in FEATURES]
 SPLIT_CASES += [Case("fp16", 64, 1, 777, 3, 4, 4, m) for m in ("none", "causal")]
 SPLIT_CASES += [Case("bf16", 256, 3, 1500, 1, 8, 1, "causal")]
@@ -263,6 +265,18 @@ SPLIT_CASES += [Case("bf16", 256, 3, 1500, 1, 8, 1, "causal")]
 @pytest.mark.parametrize("case", SPLIT_CASES, ids=str)
 def test_split_kv_matches_reference(case: Case):
     _check_case(case, num_splits=3)
+
+
+def test_more_splits_than_key_tiles():
+    """Splits past the last key tile see no key: their partials must weigh nothing in the combine."""
+    _check_case(Case("fp16", 64, 5, 300, 2, 4, 4, "causal"), num_splits=16)
+
+
+@pytest.mark.parametrize("pack_gqa", [False, True], ids=["unpacked", "packed"])
+@pytest.mark.parametrize("mask", ["none", "causal", "win32_0"])
+def test_portable_split_kv_matches_reference(mask: str, pack_gqa: bool):
+    """The portable kernel's split form over dense K/V (other archs, and the Hopper kernel's fallback)."""
+    _check_forced(Case("bf16", 128, 21, 1500, 2, 8, 2, mask), "m64n64w4s2", pack_gqa=pack_gqa, num_splits=3)
 
 
 def test_few_query_tiles_split_their_keys():

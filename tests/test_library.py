@@ -29,6 +29,8 @@ def test_plan_holds_defaults_and_every_live_tuned_variant():
         assert (key, fwd_tilings.default_config(key)) in variants  # the Hopper kernel, also at a padded head dim
     assert set(tuned.live_configs("sm90")) <= variants
     assert any(getattr(k, "kv", "") == "paged" and k.split and k.pack_gqa for k, _ in variants)  # decoding
+    assert (FwdKey("sm90", "bf16", 128, "causal", split=True), fwd_tilings.default_config(
+        FwdKey("sm90", "bf16", 128, "causal", split=True))) in variants  # decoding-like dense calls
 
 
 def test_build_is_incremental_and_found_by_the_loader(tmp_path, monkeypatch, helpers_only):

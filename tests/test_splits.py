@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flash_gen.runtime.fwd import SPLIT_MIN_KEYS, choose_num_splits, split_pays
+from flash_gen.runtime.fwd import choose_num_splits
 from flash_gen.spec import FwdConfig, FwdKey, ctas_per_sm, smem_bytes
 
 
@@ -21,11 +21,3 @@ def test_splits_fill_one_wave_and_keep_two_tiles_each():
     assert choose_num_splits(ctas=1, key_tiles=10**6, slots=10**4) == 128  # capped
     assert choose_num_splits(ctas=100, key_tiles=1, slots=132) == 1
 
-
-def test_dense_calls_split_when_most_sms_would_idle():
-    assert split_pays(ctas=32, row_use=1 / 128, sms=132, seqlen_k=2048)  # decoding through flash_attn_func
-    assert split_pays(ctas=16, row_use=1.0, sms=132, seqlen_k=2048)  # an eighth of the SMs busy
-    assert not split_pays(ctas=32, row_use=1.0, sms=132, seqlen_k=2048)  # full tiles on a quarter: not at 2k,
-    assert split_pays(ctas=32, row_use=1.0, sms=132, seqlen_k=4096)  # but at 4k
-    assert not split_pays(ctas=34, row_use=1 / 128, sms=132, seqlen_k=32768)  # over a quarter busy
-    assert not split_pays(ctas=1, row_use=1 / 128, sms=132, seqlen_k=SPLIT_MIN_KEYS - 1)  # too few keys

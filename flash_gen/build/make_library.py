@@ -19,7 +19,8 @@ from flash_gen.build.library import Library, Record
 from flash_gen.gen import render
 
 # Keys every library holds (defaults, plus whatever the tuning database names for them): the head dims of the
-# ANCHORS shapes and common models, both dtypes, every mask, forward and backward; decoding kernels for GQA.
+# ANCHORS shapes and common models, both dtypes, every mask, forward and backward; decoding kernels for GQA, and
+# for dense calls with few query tiles pack-GQA and split-KV forms (decoding or short chunks via flash_attn_func).
 HEAD_DIMS = (64, 96, 128, 192, 256)
 DECODE_HEAD_DIMS = (64, 128)
 
@@ -30,10 +31,12 @@ def plan(arch: str) -> list[tuple]:
     for dtype, hd, mask in itertools.product(spec.DTYPES, HEAD_DIMS, spec.MASKS):
         fwd, bwd = spec.FwdKey(arch, dtype, hd, mask), spec_bwd.BwdKey(arch, dtype, hd, mask)
         out |= {(fwd, fwd_tilings.default_config(fwd)), (bwd, bwd_tilings.default_config(bwd))}
-    for dtype, hd, mask, kv, split in itertools.product(spec.DTYPES, DECODE_HEAD_DIMS, ("none", "causal"),
-                                                        ("cache", "paged"), (False, True)):
-        key = spec.FwdKey(arch, dtype, hd, mask, kv=kv, split=split, pack_gqa=True)
-        out.add((key, fwd_tilings.default_config(key)))
+    for dtype, hd, mask in itertools.product(spec.DTYPES, DECODE_HEAD_DIMS, ("none", "causal")):
+        keys = [spec.FwdKey(arch, dtype, hd, mask, kv=kv, split=split, pack_gqa=True)
+                for kv, split in itertools.product(("cache", "paged"), (False, True))]
+        keys += [spec.FwdKey(arch, dtype, hd, mask, split=split, pack_gqa=pack)
+                 for split, pack in ((False, True), (True, False), (True, True))]
+        out.update((key, fwd_tilings.default_config(key)) for key in keys)
     out.update(tuned.live_configs(arch))
     return sorted(out, key=lambda v: render.entry_name(*v))
 

@@ -10,7 +10,6 @@ Must not import optuna.
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -181,8 +180,9 @@ def plan_fwd(
     out_stride = out.stride() if out is not None else _contiguous_strides(q.shape)
     shape = _shape(q, k, v, out_stride, batch, seqlen_k, causal=causal, window_size=window_size,
                    softmax_scale=softmax_scale, softcap=softcap, alibi_slopes=alibi_slopes)
-    if num_splits < 0:
-        raise ValueError(f"num_splits must be >= 0 (0: chosen here), got {num_splits}")
+    if num_splits < 0 or (num_splits > 1 and (varlen or kv != "dense")):
+        raise ValueError(f"num_splits must be >= 0 (0: chosen here), and 0 or 1 for packed or paged batches; got "
+                         f"{num_splits}")
     if not varlen and kv == "dense" and (num_splits > 1 or (num_splits == 0 and config is None and pack_gqa is None)):
         split = _split_plan(features, q, shape, seqlen_k, nheads_k, num_splits, config, pack_gqa)
         if split is not None:
@@ -194,11 +194,7 @@ def plan_fwd(
     if varlen:
         grid = (varlen_tiles(seqlen_q, batch, var.cfg.block_m), nheads, 1)
     elif pack_gqa:  # tiles of a KV head's whole group of query heads
-        m_tiles = fwd_tilings.packed_query_tiles(var.cfg, seqlen_q, group)
-        if m_tiles is None:
-            raise ValueError(f"pack_gqa: {group} query heads per KV head do not fit one warpgroup's "
-                             f"{ROWS_PER_CONSUMER} rows")
-        grid = (m_tiles, nheads_k, batch)
+        grid = (_query_tiles(var.cfg, seqlen_q, group), nheads_k, batch)
     else:
         grid = (-(-seqlen_q // var.cfg.block_m), nheads, batch)
     if isinstance(var.cfg, Sm90FwdConfig):  # a 1-D grid of query tiles; persistent: as many CTAs as fit walk them
@@ -213,56 +209,49 @@ def plan_fwd(
 
 def _split_plan(features: tuple, q: torch.Tensor, shape: _Shape, seqlen_k: int, nheads_k: int, num_splits: int,
                 config: FwdTiling | None, pack_gqa: bool | None) -> FwdPlan | None:
-    """A split-KV plan of a dense batch, or None where it does not pay (num_splits 0) or one split is chosen.
-    Dense K/V are read as a contiguous KV cache with every row used, so this is the decoding kernel
-    (attention_fwd_kvcache's tiling, bucket and heuristic) and its combine kernel."""
+    """A split-KV plan of a dense batch, or None where one split is chosen. With num_splits 0 the keys are split
+    when the query tiles would fill at most half of the resident CTA slots (choose_num_splits), into as many
+    splits as fill one wave. The split kernel is the unsplit one's family and tiling (Hopper: one CTA per tile);
+    what a split call adds, the partials' round trip and the combine kernel, needs at least SPLIT_MIN_KEYS keys,
+    and below twice that at least four splits, to pay (H200, benchmarks/bench_dense_split.py, 2026-12-01: two
+    splits over 2048 keys ran 0.91-0.94x unsplit, four 1.06-1.16x; docs/benchmarks.md)."""
     device, dtype, head_dim, mask, softcap, alibi, _ = features
+    if not num_splits and seqlen_k < SPLIT_MIN_KEYS:
+        return None
     batch, seqlen_q, nheads, _ = q.shape
     group = nheads // nheads_k
-    if not num_splits:  # decided before any kernel is looked up: most calls never split
-        unsplit = _unsplit_launch(FwdKey(driver.device_arch(device), *features[1:]), batch, seqlen_q, nheads, group)
-        if not split_pays(*unsplit, driver.sm_count(device), seqlen_k):
+    arch = driver.device_arch(device)
+    if pack_gqa is None:
+        pack_gqa = fwd_tilings.pack_gqa_pays(FwdKey(arch, *features[1:]), seqlen_q, group)
+    key = FwdKey(arch, *features[1:], split=True, pack_gqa=pack_gqa)
+    tile_heads = nheads_k if pack_gqa else nheads
+    if not num_splits:  # decided on the default tiling, before any kernel is looked up
+        cfg = config or fwd_tilings.default_config(key)
+        slots = driver.sm_count(device) * fwd_tilings.ctas_per_sm(key, cfg)
+        ctas = batch * tile_heads * _query_tiles(cfg, seqlen_q, group if pack_gqa else 1)
+        num_splits = choose_num_splits(ctas, -(-seqlen_k // cfg.block_n), slots)
+        if num_splits < (2 if seqlen_k >= 2 * SPLIT_MIN_KEYS else 4):
             return None
-    pack = group > 1 and not alibi if pack_gqa is None else pack_gqa
-    cfg, slots = _decode_tiling(device, dtype, head_dim, mask, softcap, alibi, False, "cache", pack,
-                                bucket_name("decode", seqlen_k), config)
-    tile_heads, rows = (nheads_k, seqlen_q * group) if pack else (nheads, seqlen_q)
-    m_blocks = -(-rows // cfg.block_m)
-    splits = num_splits or choose_num_splits(batch * tile_heads * m_blocks, -(-seqlen_k // cfg.block_n), slots)
-    if splits <= 1:
-        return None
-    var = _variant(device, dtype, head_dim, mask, softcap, alibi, False, cfg, "cache", True, pack)
+    var = _variant(device, dtype, head_dim, mask, softcap, alibi, False, config, split=True, pack_gqa=pack_gqa,
+                   bucket=bucket_name("fwd", seqlen_k))
+    m_tiles = _query_tiles(var.cfg, seqlen_q, group if pack_gqa else 1)
     params = FwdParams.from_buffer_copy(shape.params)
-    params.kv_batches, params.num_splits = batch, splits
-    return FwdPlan(var, shape, (m_blocks, tile_heads, batch * splits), q.device, splits, params,
-                   _combine_kernel(device, dtype))
+    params.num_splits = num_splits
+    grid = ((m_tiles * tile_heads * batch * num_splits, 1, 1) if isinstance(var.cfg, Sm90FwdConfig)
+            else (m_tiles, tile_heads, batch * num_splits))
+    return FwdPlan(var, shape, grid, q.device, num_splits, params, _combine_kernel(device, dtype))
 
 
-def _unsplit_launch(key: FwdKey, batch: int, seqlen_q: int, nheads: int, group: int) -> tuple[int, float]:
-    """CTAs of an unsplit dense launch under the key's default tiling (pack-GQA where it pays), and the share of
-    their query rows that hold a query: the split decision's inputs, estimated without loading a kernel."""
-    if fwd_tilings.pack_gqa_pays(key, seqlen_q, group):
-        cfg = fwd_tilings.default_config(dataclasses.replace(key, pack_gqa=True))
-        tiles, rows = fwd_tilings.packed_query_tiles(cfg, seqlen_q, group), seqlen_q * group
-        return batch * (nheads // group) * tiles, rows / (tiles * cfg.block_m)
-    block_m = fwd_tilings.default_config(key).block_m
-    tiles = -(-seqlen_q // block_m)
-    return batch * nheads * tiles, seqlen_q / (tiles * block_m)
+SPLIT_MIN_KEYS = 2048  # below, the partials' round trip and the combine cost more than idle SMs
 
 
-SPLIT_MIN_KEYS = 2048
-
-
-def split_pays(ctas: int, row_use: float, sms: int, seqlen_k: int) -> bool:
-    """Whether a dense call should split its `seqlen_k` keys when its unsplit launch has `ctas` CTAs whose query
-    rows are `row_use` used. The split (portable) kernel runs a full query tile at under half the Hopper kernel's
-    speed, so splitting pays only when the unsplit CTAs would keep at most a quarter of the `sms` busy, and from
-    SPLIT_MIN_KEYS keys (the partials' round trip and the combine's launch) where at most an eighth would be busy
-    or the tiles are at most half used (memory-bound either way), from twice that otherwise (H200, head dim 128:
-    docs/benchmarks.md)."""
-    if 4 * ctas > sms or seqlen_k < SPLIT_MIN_KEYS:
-        return False
-    return seqlen_k >= 2 * SPLIT_MIN_KEYS or 8 * ctas <= sms or row_use <= 0.5
+def _query_tiles(cfg: FwdTiling, seqlen_q: int, group: int) -> int:
+    """Query tiles per head (per KV head when `group` > 1 query heads are packed in each)."""
+    tiles = fwd_tilings.packed_query_tiles(cfg, seqlen_q, group)
+    if tiles is None:
+        raise ValueError(f"pack_gqa: {group} query heads per KV head do not fit one warpgroup's "
+                         f"{ROWS_PER_CONSUMER} rows")
+    return tiles
 
 
 def run_fwd(
@@ -297,13 +286,13 @@ def run_fwd(
         patches += (_OFF_ALIBI, alibi_slopes.data_ptr())
     if cu_seqlens_q is not None:
         patches += (_OFF_CU_Q, cu_seqlens_q.data_ptr(), _OFF_CU_K, cu_seqlens_k.data_ptr())
+    params, base = plan.params or shape.params, 0
+    if isinstance(var.cfg, Sm90FwdConfig):
+        params, base = _sm90_params(plan, q, k, v, out), _SM90_BASE
     if plan.splits > 1:
-        _launch_split(var, plan.combine, plan.grid, plan.params, q, plan.splits, stream, patches)
-    elif isinstance(var.cfg, Sm90FwdConfig):
-        params = _sm90_params(shape, var, q, k, v, out)
-        var.kernel.launch(plan.grid, var.block, var.smem, stream, params, patches, _SM90_BASE)
+        _launch_split(var, plan.combine, plan.grid, params, q, plan.splits, stream, patches, base)
     else:
-        var.kernel.launch(plan.grid, var.block, var.smem, stream, shape.params, patches)
+        var.kernel.launch(plan.grid, var.block, var.smem, stream, params, patches, base)
     return out, lse
 
 
@@ -335,8 +324,8 @@ def attention_fwd(
     cu_seqlens_k[b] keys in its pages. `out`, when given, is written in place (shape of q, last dim contiguous).
     `config` forces a tiling (benchmarks, the tuner); ValueError if it cannot run this key. `pack_gqa` forces
     pack-GQA on or off for dense batches (None: where fwd_tilings.pack_gqa_pays says so). `num_splits` > 1
-    splits a dense batch's keys over that many CTAs per query tile (the KV-cache kernel and its combine), 1 never
-    splits, 0 splits where split_pays says so (not when `config` or `pack_gqa` is forced).
+    splits a dense batch's keys over that many CTAs per query tile (then a combine kernel merges them), 1 never
+    splits, 0 splits where few query tiles leave SMs idle (_split_plan; not when `config` or `pack_gqa` is forced).
     """
     plan = plan_fwd(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
                     alibi_slopes=alibi_slopes, cu_seqlens_q=cu_seqlens_q, block_table=block_table, out=out,
@@ -344,15 +333,17 @@ def attention_fwd(
     return run_fwd(plan, q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, block_table, out)
 
 
-def _sm90_params(shape: _Shape, var: _Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def _sm90_params(plan: FwdPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  out: torch.Tensor) -> Sm90FwdParams:
     """The Hopper kernel's parameter template: 5-D TMA maps of q and out (boxes of a consumer warpgroup's rows: 64
     positions of one head, or packed 64 // group positions of a group's heads) and 4-D ones of k and v (a key
-    tile's rows), then the shape's FwdParams, kept per shape and address set (tma.params_with_maps)."""
+    tile's rows), then the plan's FwdParams, kept per shape, variant, split count and address set
+    (tma.params_with_maps)."""
+    var = plan.var
     group = q.shape[-2] // k.shape[-2] if var.pack_gqa else 1
     positions, rows = ROWS_PER_CONSUMER // group, var.cfg.block_n // var.cfg.cluster  # a CTA's share of K/V tiles
-    return tma.params_with_maps(Sm90FwdParams, shape.params, shape.maps, (var, q.data_ptr(), k.data_ptr(),
-                                                                          v.data_ptr(), out.data_ptr()),
+    return tma.params_with_maps(Sm90FwdParams, plan.params or plan.shape.params, plan.shape.maps,
+                                (var, plan.splits, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()),
                                 (("tma_q", q, positions, group), ("tma_k", k, rows), ("tma_v", v, rows),
                                  ("tma_o", out, positions, group)))
 
@@ -411,17 +402,21 @@ def attention_fwd_kvcache(
     return out, lse
 
 
-def _launch_split(var: _Variant, combine: driver.Kernel, grid: tuple[int, int, int], params: FwdParams,
-                  q: torch.Tensor, splits: int, stream: int, patches: tuple[int, ...] = ()) -> None:
+def _launch_split(var: _Variant, combine: driver.Kernel, grid: tuple[int, int, int], params: ctypes.Structure,
+                  q: torch.Tensor, splits: int, stream: int, patches: tuple[int, ...] = (), base: int = 0) -> None:
     """A split-KV launch (each CTA writes its share of the keys' fp32 partial O and lse) and the combine kernel
-    that merges them into out and lse; `params` holds num_splits and, with `patches`, the call's addresses."""
+    that merges them into out and lse. `params` (FwdParams, or the Hopper struct with FwdParams at `base`) holds
+    num_splits and, with `patches`, the call's addresses."""
     batch, seqlen_q, nheads, head_dim = q.shape
     f32 = dict(dtype=torch.float32, device=q.device)
     o_partial = torch.empty((splits, batch, nheads, seqlen_q, head_dim), **f32)
     lse_partial = torch.empty((splits, batch, nheads, seqlen_q), **f32)
     patches += (_OFF_O_PARTIAL, o_partial.data_ptr(), _OFF_LSE_PARTIAL, lse_partial.data_ptr())
-    var.kernel.launch(grid, var.block, var.smem, stream, params, patches)
-    combine.launch((seqlen_q, nheads, batch), (_COMBINE_THREADS, 1, 1), 0, stream, params, patches)
+    var.kernel.launch(grid, var.block, var.smem, stream, params, patches, base)
+    fwd_params = params.base if base else params  # the combine kernel takes FwdParams alone
+    rows_per_cta = _COMBINE_WARPS if seqlen_q >= _COMBINE_WARPS else 1  # combine_warps_per_row in the kernel
+    combine.launch((-(-seqlen_q // rows_per_cta), nheads, batch), (_COMBINE_THREADS, 1, 1), 0, stream, fwd_params,
+                   patches)
 
 
 @functools.lru_cache(maxsize=None)
@@ -434,7 +429,8 @@ def _decode_tiling(device: int, dtype: str, head_dim: int, mask: str, softcap: b
     return cfg, driver.sm_count(device) * ctas_per_sm(key, cfg)
 
 
-_COMBINE_THREADS = 256  # kCombineThreads in templates/include/flash_gen/fwd_combine.cuh (one CTA per query row)
+_COMBINE_THREADS = 256  # kCombineThreads in templates/include/flash_gen/fwd_combine.cuh
+_COMBINE_WARPS = _COMBINE_THREADS // 32
 _MAX_SPLITS = 128
 
 

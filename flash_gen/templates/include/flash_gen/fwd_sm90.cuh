@@ -12,7 +12,8 @@
 // sits between tiles; otherwise each CTA serves one tile (the loops below run once, and the registers that carry
 // state across tiles are free). Same FwdParams, masks, score modifiers (softcap, ALiBi) and softmax conventions
 // as the portable kernel (fwd_sm80.cuh), with its own softmax step (online_softmax.cuh); dense or packed ragged
-// (varlen) batches, no KV cache yet. O leaves through shared memory and TMA stores (varlen: plain stores).
+// (varlen) batches, no KV cache yet. O leaves through shared memory and TMA stores (varlen: plain stores); with
+// kSplit (dense calls with few query tiles) several CTAs share a tile's keys and write fp32 partials instead.
 // With kPackGqa (GQA/MQA, few query rows) a tile serves every query head of one KV head: a warpgroup's 64 rows
 // stack the group's heads position by position (row = position x group + head), each K/V tile then feeds
 // group x as many rows. Q and O move through 5-D TMA maps (head_dim, heads of a group, seqlen, groups, batch)
@@ -40,7 +41,7 @@ namespace flash_gen {
 
 template <class Element_, int kHeadDim_, int kConsumers_, int kBlockN_, int kStages_, bool kPingPong_,
           bool kPersistent_, Mask kMask_, bool kSoftcap_, bool kAlibi_, bool kVarlen_, bool kOverlap_,
-          bool kPInSmem_, bool kPackGqa_, int kCluster_>
+          bool kPInSmem_, bool kPackGqa_, int kCluster_, bool kSplit_>
 struct Sm90FwdTraits {
   using Element = Element_;
   // The head dim rounded up to 64 (flash_gen.spec_sm90.sm90_head_dim): the TMA boxes zero-fill the columns past
@@ -77,6 +78,10 @@ struct Sm90FwdTraits {
   // of a cluster must see the same keys: no masks, no ragged batches.
   static constexpr int kCluster = kCluster_;
   static_assert(kCluster == 1 || (kCluster == 2 && kMask_ == Mask::kNone && !kVarlen));
+  // Split-KV (dense batches with few query tiles): p.num_splits CTAs share each query tile's key tiles and write
+  // fp32 partial O and lse (fwd_combine.cuh merges them). One tile per CTA, no cluster.
+  static constexpr bool kSplit = kSplit_;
+  static_assert(!kSplit || (!kPersistent_ && kCluster == 1 && !kVarlen));
   static constexpr int kBoxCols = 64;  // a TMA box row is one 128-byte swizzle row
   static_assert(kHeadDim % kBoxCols == 0, "128-byte swizzled rows: head dim a multiple of 64");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma N and TMA box rows");
@@ -134,6 +139,11 @@ struct Sm90FwdTraits {
 // per tile, that order measured 7% slower than the default at head dim 64, causal, 2k: H200, 2026-11-30.)
 constexpr long long kL2SectionBytes = 24ll << 20;  // about half the H100/H200 L2
 
+// Split-KV: tile t's split, the slowest index of the tile walk.
+__device__ __forceinline__ int sm90_split_of(int t, int m_blocks, int heads, int batch) {
+  return t / (m_blocks * heads * batch);
+}
+
 template <class T>
 struct Sm90Tile {
   // head: the Q/O maps' head coordinate (the query head; packed, the KV head, whose group's heads the tile stacks).
@@ -149,6 +159,8 @@ struct Sm90Tile {
   // calls it): tile t of a grid of gridDim.x = nheads x (a bound on the summed per-entry tiles), head-major.
   // A consumer warpgroup covers `wg_rows` query positions (64; packed, 64 / group).
   __device__ __forceinline__ Sm90Tile(FwdParams const& p, int m_blocks, int t, int group, int wg_rows) {
+    int split = 0;  // kSplit: which share of the key tiles (sm90_split_of recomputes it; no member, which the
+                    // persistent tile slot would carry)
     if constexpr (T::kVarlen) {
       const int per_head = gridDim.x / p.nheads;
       head = t / per_head;
@@ -176,6 +188,10 @@ struct Sm90Tile {
         m_block = MaskBounds<T::kMask>::kRight ? m_blocks - 1 - t % m_blocks : t % m_blocks;
         hb = t / m_blocks;
       }
+      if constexpr (T::kSplit) {  // the split runs slowest: a split's CTAs read the same key range
+        split = sm90_split_of(t, m_blocks, heads, p.batch);
+        hb %= heads * p.batch;
+      }
       head = hb % heads;
       batch = tma_batch = hb / heads;
       seqlen_q = p.seqlen_q;
@@ -193,6 +209,12 @@ struct Sm90Tile {
     visible_key_tiles<T::kMask, T::kBlockN>(max(row0, 0), min(row0 + tile_rows, seqlen_q) - 1, seqlen_k, diag(),
                                             p.window_left, p.window_right, n_min, n_max);
     n_max = max(n_min, n_max);  // an empty tile: no key steps, O = 0 and lse = +inf
+    if constexpr (T::kSplit) {  // this CTA's share of the visible key tiles (possibly none)
+      const int per_split = (n_max - n_min + p.num_splits - 1) / p.num_splits;
+      const int first = min(n_max, n_min + split * per_split);
+      n_max = min(n_max, first + per_split);
+      n_min = first;
+    }
   }
 
   __device__ __forceinline__ int diag() const { return seqlen_k - seqlen_q; }
@@ -286,9 +308,10 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
   const int wg_rows = T::kPackGqa ? 64 / group : 64;  // query positions per consumer warpgroup
   const int slab_rows = T::kPackGqa ? group * wg_rows : 64;  // rows of a warpgroup's 64 that hold a query
   // Query tiles per head (dense only), in whole clusters: a cluster's last tile may lie past seqlen_q.
-  const int m_blocks = (p.seqlen_q + T::kCluster * T::kConsumers * wg_rows - 1) / (T::kCluster * T::kConsumers * wg_rows) *
-                       T::kCluster;
-  const int tiles = T::kVarlen ? int(gridDim.x) : m_blocks * (T::kPackGqa ? p.nheads_k : p.nheads) * p.batch;
+  const int cluster_rows = T::kCluster * T::kConsumers * wg_rows;
+  const int m_blocks = (p.seqlen_q + cluster_rows - 1) / cluster_rows * T::kCluster;
+  const int heads = T::kPackGqa ? p.nheads_k : p.nheads;
+  const int tiles = T::kVarlen ? int(gridDim.x) : m_blocks * heads * p.batch * (T::kSplit ? p.num_splits : 1);
   // The first tile, worked out by every warp (the varlen scan is warp-collective); a CTA serving one tile keeps it.
   const Sm90Tile<T> first(p, m_blocks, sm90_tile_of_round<T>(0), group, wg_rows);
   if (!first.valid) return;  // a varlen CTA past the last tile, before any barrier
@@ -527,20 +550,53 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
     if (tile.n_min >= tile.n_max) release_q();  // an empty tile: no S GEMM read Q
 
     // Epilogue: normalise and write lse; O goes through this warpgroup's 64 rows of the O staging buffer and out
-    // with TMA stores, which skip rows outside [0, seqlen_q) (varlen: 16-byte stores of the entry's rows).
+    // with TMA stores, which skip rows outside [0, seqlen_q) (varlen: 16-byte stores of the entry's rows). A
+    // split writes fp32 partials instead, (split, batch, head, position[, column]) contiguous, with lse -inf
+    // where its keys leave a row nothing (weight 0 in the combine).
+    // The query position and head of this thread's row r (packed: row i of the warpgroup is head i % group at
+    // position i / group), and whether the row holds a query.
+    auto row_at = [&](int r, int& pos, int& head) {
+      const int i = get<0>(tOcO_rc(r, 0)) - 64 * wg;
+      pos = row0 + wg_rows * wg + (T::kPackGqa ? i / group : i);
+      head = T::kPackGqa ? tile.head * group + i % group : tile.head;
+      return i < slab_rows && pos >= 0 && pos < tile.seqlen_q;
+    };
+    // Row r's softmax denominator (its quad's partial sums; 0 or NaN where the row saw no key: `empty`) and lse.
+    auto row_total = [&](int r, bool& empty) {
+      const float sum = quad_sum(row_sum[r]);
+      empty = sum == 0.f || sum != sum;
+      return sum;
+    };
+    auto row_lse = [&](int r, float sum) { return (row_max[r] * p.scale_log2 + log2f(sum)) * 0.69314718055994531f; };
+    if constexpr (T::kSplit) {  // straight from the accumulators; one tile per CTA, so nothing is left to store
+      const int split = sm90_split_of(t, m_blocks, heads, p.batch);
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        bool empty;
+        const float sum = row_total(r, empty), inv = empty ? 1.f : 1.f / sum;
+        int pos, head;
+        if (!row_at(r, pos, head)) continue;
+        const int64_t row = (int64_t(split * p.batch + tile.batch) * p.nheads + head) * p.seqlen_q + pos;
+        if (get<1>(tOcO_rc(r, 0)) == 0) {
+          p.lse_partial[row] = empty ? -inf() : row_lse(r, sum);
+        }
+        float* o_row = p.o_partial + row * p.head_dim;
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(o_rc); ++c) {
+          const int col = get<1>(tOcO_rc(r, c));
+          if (col < p.head_dim) o_row[col] = o_rc(r, c) * inv;
+        }
+      }
+      continue;
+    }
     float* lse_ptr = p.lse + tile.batch * p.lse_batch_stride + tile.q_start;
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      const float sum = quad_sum(row_sum[r]);
-      const bool empty = sum == 0.f || sum != sum;
-      const float inv = empty ? 1.f : 1.f / sum;
-      // The row's query position and head (packed: row i of the warpgroup is head i % group at position i / group).
-      const int i = get<0>(tOcO_rc(r, 0)) - 64 * wg;
-      const int pos = row0 + wg_rows * wg + (T::kPackGqa ? i / group : i);
-      const int head = T::kPackGqa ? tile.head * group + i % group : tile.head;
-      if (i < slab_rows && pos >= 0 && pos < tile.seqlen_q && get<1>(tOcO_rc(r, 0)) == 0) {
-        lse_ptr[head * p.lse_head_stride + pos] =
-            empty ? inf() : (row_max[r] * p.scale_log2 + log2f(sum)) * 0.69314718055994531f;
+      bool empty;
+      const float sum = row_total(r, empty), inv = empty ? 1.f : 1.f / sum;
+      int pos, head;
+      if (row_at(r, pos, head) && get<1>(tOcO_rc(r, 0)) == 0) {
+        lse_ptr[head * p.lse_head_stride + pos] = empty ? inf() : row_lse(r, sum);
       }
       CUTE_UNROLL
       for (int c = 0; c < size<1>(o_rc); ++c) o_rc(r, c) *= inv;
