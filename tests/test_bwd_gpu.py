@@ -140,6 +140,22 @@ def test_backward_matches_reference(case: Case):
     _check_grads(got, q, k, v, dout, f"{case} seed={seed}", **kwargs)
 
 
+def test_backward_of_a_split_forward():
+    """The backward reads out and lse as the split forward's combine wrote them (a few query positions over
+    4096 keys: the runtime splits the keys)."""
+    from flash_gen.runtime.fwd import plan_fwd
+
+    case = Case("bf16", 128, 5, 4096, 2, 8, 2, "causal")
+    seed = fresh_seed()
+    q, k, v, dout, _ = _inputs(case, seed)
+    kwargs = _kwargs(case, None)
+    args = validate_fwd(q, k, v, **kwargs)
+    assert plan_fwd(q, k, v, softmax_scale=args.softmax_scale, causal=args.causal, window_size=args.window_size,
+                    softcap=0.0, alibi_slopes=None).splits > 1
+    got = _runtime_grads(q, k, v, dout, deterministic=False, **kwargs)
+    _check_grads(got, q, k, v, dout, f"{case} seed={seed}", **kwargs)
+
+
 @pytest.mark.parametrize("dtype,head_dim,mask,config", TILINGS, ids=lambda x: str(x))
 def test_backward_tilings(dtype: str, head_dim: int, mask: str, config: str):
     from flash_gen.bwd_tilings import config_from_name

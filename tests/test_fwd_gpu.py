@@ -291,3 +291,25 @@ def test_few_query_tiles_split_their_keys():
     short = kv[:, :256]
     assert plan_fwd(torch.empty(2, 1, 8, 128, device="cuda", dtype=torch.bfloat16), short, short, **score).splits == 1
     _check_case(Case("bf16", 128, 1, 8192, 2, 8, 2, "causal"))
+
+
+def test_split_calls_replay_in_cuda_graphs_and_compile():
+    """A split call (its kernel, the combine, fp32 partials from PyTorch's allocator) replays from a CUDA graph
+    and traces under torch.compile(fullgraph=True), bitwise as the eager call."""
+    case = Case("bf16", 128, 1, 8192, 2, 8, 2, "causal")
+    q, k, v, _ = _inputs(case, fresh_seed())
+    call = lambda: flash_attn_func(q, k, v, causal=True)  # noqa: E731
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()  # kernels loaded before capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = call()
+    q.copy_(_inputs(case, fresh_seed())[0])
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(static, call())
+    compiled = torch.compile(lambda q, k, v: flash_attn_func(q, k, v, causal=True), fullgraph=True)
+    assert torch.equal(compiled(q, k, v), call())
