@@ -100,8 +100,12 @@ def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvca
             mask, _ = derive_mask(causal, window, c.seqlen_q, tk.CAPACITY)
             kv = "paged" if c.page and (c.page % 128 or c.leftpad) else "cache"
             pack = c.nheads_k < tk.NHEADS and c.feature != "alibi"
-            out.add(default(c.dtype, c.head_dim, mask, c.feature == "softcap", c.feature == "alibi", kv=kv,
-                            split=c.splits != 1, pack=pack))
+            feats = (c.feature == "softcap", c.feature == "alibi")
+            out.add(default(c.dtype, c.head_dim, mask, *feats, kv=kv, split=c.splits != 1, pack=pack))
+            if c.int_seqlens and not (c.page or c.batch_idx or c.leftpad):  # served as a dense call
+                pack = pack_gqa_pays(FwdKey(arch, c.dtype, c.head_dim, mask, *feats), c.seqlen_q,
+                                     tk.NHEADS // c.nheads_k)
+                out.add(default(c.dtype, c.head_dim, mask, *feats, split=c.splits > 1, pack=pack))
         out.add(default("bf16", 64, "none"))  # merge_attention_states
     if "decode" in suites:  # benchmarks/bench_decode.py (GQA 32/8, hdim 128) under FLASH_GEN_FWD_CONFIG sweeps
         for mask, kv, split in itertools.product(("none", "causal"), ("cache", "paged"), (False, True)):

@@ -58,6 +58,11 @@ CASES = [
     Case(0, mask="none", feature="alibi", splits=2, dtype="fp16", head_dim=64),
     Case(16, seqlen_q=4, new=2, mask="causal", splits=3, nheads_k=1),
     Case(0, seqlen_q=4, new=2, mask="win32_0", splits=1, nheads_k=8),
+    # One host-known length for every entry of a contiguous cache: on sm90 the dense Hopper kernel (split or not)
+    Case(0, seqlen_q=4, new=4, int_seqlens=True, splits=0),
+    Case(0, new=2, mask="win32_0", feature="softcap", int_seqlens=True, splits=3, nheads_k=8),
+    Case(0, mask="none", feature="alibi", int_seqlens=True, splits=2, dtype="fp16", head_dim=64),
+    Case(0, seqlen_q=4, new=2, rotary="interleaved", int_seqlens=True, nheads_k=1),
 ]
 
 BATCH, NHEADS, CAPACITY = 3, 8, 700

@@ -364,7 +364,9 @@ def attention_fwd_kvcache(
     """Forward attention of q (b, sq, h, d) over a KV cache (see KvCache); returns (out, softmax_lse (b, h, sq)).
     With more than one split (cache.num_splits, or the heuristic when 0) the keys of each query tile are shared
     out over several CTAs and a combine kernel merges their fp32 partial results. Under GQA/MQA (without ALiBi)
-    one CTA serves every query head of a KV head (pack_gqa), so each K/V tile is read once per KV head."""
+    one CTA serves every query head of a KV head (pack_gqa), so each K/V tile is read once per KV head. A
+    contiguous cache whose entries all use the same host-known length (_dense_rows) runs as a dense call where
+    the Hopper kernel supports it (unless `config` forces a cache tiling)."""
     batch, seqlen_q, nheads, head_dim = q.shape
     nheads_k = k_cache.shape[2]
     pack = nheads > nheads_k and alibi_slopes is None
@@ -372,6 +374,15 @@ def attention_fwd_kvcache(
     page_size = k_cache.shape[1]
     capacity = cache.block_table.shape[1] * page_size if paged else k_cache.shape[1]
     seqlen_k = capacity if cache.used is None else min(cache.used, capacity)
+    if config is None and seqlen_k > 0 and _dense_rows(cache) and isinstance(
+            fwd_tilings.default_config(FwdKey(driver.device_arch(q.device.index), DTYPES[q.dtype], head_dim,
+                                              mask_kind(causal, window_size), softcap > 0, alibi_slopes is not None)),
+            Sm90FwdConfig):
+        # Every entry's first seqlen_k rows, in order: dense K/V views for the Hopper kernel (its split form where
+        # few query tiles leave SMs idle), whose TMA loads zero-fill past them as the cache kernel's copies do.
+        return attention_fwd(q, k_cache[:, :seqlen_k], v_cache[:, :seqlen_k], softmax_scale=softmax_scale,
+                             causal=causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+                             num_splits=cache.num_splits)
     # Pages holding whole key tiles (block_n <= 128 divides them) are read tile by tile; others row by row.
     kv = "paged" if paged and (page_size % 128 or cache.leftpad_k is not None) else "cache"
     device, dtype, mask = q.device.index, DTYPES[q.dtype], mask_kind(causal, window_size)
@@ -417,6 +428,13 @@ def _launch_split(var: _Variant, combine: driver.Kernel, grid: tuple[int, int, i
     rows_per_cta = _COMBINE_WARPS if seqlen_q >= _COMBINE_WARPS else 1  # combine_warps_per_row in the kernel
     combine.launch((-(-seqlen_q // rows_per_cta), nheads, batch), (_COMBINE_THREADS, 1, 1), 0, stream, fwd_params,
                    patches)
+
+
+def _dense_rows(cache: KvCache) -> bool:
+    """Whether a contiguous cache's entries all use their first rows up to one host-known length (int or no
+    cache_seqlens, no left padding, no batch index): dense K/V in all but their strides."""
+    return (cache.block_table is None and cache.seqused_k is None and cache.leftpad_k is None
+            and cache.batch_idx is None)
 
 
 @functools.lru_cache(maxsize=None)
