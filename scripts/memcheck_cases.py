@@ -127,6 +127,13 @@ def kvcache_cases() -> int:
                                         cache_leftpad=leftpad if page != 256 else None, cache_batch_idx=batch_idx,
                                         block_table=tbl, causal=True, num_splits=splits)
                 calls += 1
+    # One int length for every entry of a contiguous cache: a dense call over the cache's first rows (sm90: the
+    # Hopper kernel, TMA bounded by those rows), split and not.
+    k_cache = torch.randn(batch, capacity, hk, 128, device="cuda", dtype=torch.bfloat16)
+    for splits in (1, 3):
+        flash_attn_with_kvcache(q, k_cache, k_cache.clone(), k_new, k_new, cache_seqlens=capacity - 9, causal=True,
+                                num_splits=splits)
+        calls += 1
     return calls
 
 
