@@ -15,13 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from datetime import datetime, timezone
 
 import torch
 from torch.nn.attention import SDPBackend
 
 import flash_gen
 from bench_pack_gqa import sdpa_call
+from flash_gen.bench import run_record
 from flash_gen.runtime.fwd import plan_fwd, run_fwd
 
 NHEADS_K, HDIM = 8, 128
@@ -70,11 +70,8 @@ def main() -> int:
                           + "".join(f"{row[f'x{s}']:8.1f}" for s in SPLITS)
                           + f"{cudnn} | {row['default'] / row['x1']:10.2f}{ratio}")
     if args.json:
-        meta = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                "cudnn": torch.backends.cudnn.version()}
         with open(args.json, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+            json.dump({"meta": run_record(), "rows": rows}, f, indent=1)
     return 0
 
 

@@ -17,13 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from datetime import datetime, timezone
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flash_gen
+from flash_gen.bench import run_record
 from flash_gen.runtime.fwd import attention_fwd
 
 BATCH, NHEADS_K, HDIM, SEQLEN_K = 4, 8, 128, 8192
@@ -93,11 +93,8 @@ def main() -> int:
                       f"{row['unpacked']:9.1f}{fmt('cuDNN')}{fmt('FA2')} | {row['packed'] / row['unpacked']:15.2f}"
                       f"{cudnn}")
     if args.json:
-        meta = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                "cudnn": torch.backends.cudnn.version()}
         with open(args.json, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+            json.dump({"meta": run_record(), "rows": rows}, f, indent=1)
     return 0
 
 

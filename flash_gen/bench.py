@@ -96,12 +96,7 @@ def run(args: argparse.Namespace) -> int:
         _print_row(results[-1])
     _print_table(results, list(impls), args.direction)
     record = {
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "cudnn": torch.backends.cudnn.version(),
-        "flash_gen": flash_gen.__version__,
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        **run_record(),
         "timer": timer_name,
         "settings": {k: v for k, v in vars(args).items() if not callable(v)},
         "results": results,
@@ -110,6 +105,18 @@ def run(args: argparse.Namespace) -> int:
         json.dump(record, f, indent=2)
     print(f"wrote {args.json}")
     return 0
+
+
+def run_record() -> dict:
+    """Where and when a benchmark ran: device, library versions, UTC date (the head of every JSON record)."""
+    return {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(),
+        "flash_gen": flash_gen.__version__,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
 
 
 def _flash_gen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, config=None,

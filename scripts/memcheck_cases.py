@@ -59,26 +59,25 @@ def dense_backward_cases() -> int:
     return len(cases)
 
 
-def pack_gqa_cases() -> int:
-    """GQA calls with few query positions, which the runtime runs pack-GQA: groups of 8 and 7 (a warpgroup's
-    last row unused), causal and not, a single position."""
-    cases = [(2, 37, 700, 16, 2, True), (1, 5, 300, 14, 2, False), (3, 1, 129, 8, 1, True)]
+def _dense_calls(cases: list[tuple]) -> int:
+    """flash_attn_func at head dim 128, bf16, per (batch, seqlen_q, seqlen_k, heads, KV heads, causal)."""
     for b, sq, sk, h, hk, causal in cases:
         q = torch.randn(b, sq, h, 128, device="cuda", dtype=torch.bfloat16)
         k, v = (torch.randn(b, sk, hk, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         flash_attn_func(q, k, v, causal=causal)
     return len(cases)
+
+
+def pack_gqa_cases() -> int:
+    """GQA calls with few query positions, which the runtime runs pack-GQA: groups of 8 and 7 (a warpgroup's
+    last row unused), causal and not, a single position."""
+    return _dense_calls([(2, 37, 700, 16, 2, True), (1, 5, 300, 14, 2, False), (3, 1, 129, 8, 1, True)])
 
 
 def dense_split_cases() -> int:
     """Dense calls with few query tiles and thousands of keys, which the runtime splits over CTAs (the kernel's
     split form, then the combine): packed GQA with a causal mask, and MHA."""
-    cases = [(2, 1, 3001, 8, 2, True), (1, 3, 2500, 4, 4, False)]
-    for b, sq, sk, h, hk, causal in cases:
-        q = torch.randn(b, sq, h, 128, device="cuda", dtype=torch.bfloat16)
-        k, v = (torch.randn(b, sk, hk, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        flash_attn_func(q, k, v, causal=causal)
-    return len(cases)
+    return _dense_calls([(2, 1, 3001, 8, 2, True), (1, 3, 2500, 4, 4, False)])
 
 
 def hopper_tiling_cases() -> int:

@@ -374,10 +374,9 @@ def attention_fwd_kvcache(
     page_size = k_cache.shape[1]
     capacity = cache.block_table.shape[1] * page_size if paged else k_cache.shape[1]
     seqlen_k = capacity if cache.used is None else min(cache.used, capacity)
-    if config is None and seqlen_k > 0 and _dense_rows(cache) and isinstance(
-            fwd_tilings.default_config(FwdKey(driver.device_arch(q.device.index), DTYPES[q.dtype], head_dim,
-                                              mask_kind(causal, window_size), softcap > 0, alibi_slopes is not None)),
-            Sm90FwdConfig):
+    device, dtype, mask = q.device.index, DTYPES[q.dtype], mask_kind(causal, window_size)
+    feats = (softcap > 0, alibi_slopes is not None, False)
+    if config is None and seqlen_k > 0 and _dense_rows(cache) and _hopper_runs(device, dtype, head_dim, mask, *feats):
         # Every entry's first seqlen_k rows, in order: dense K/V views for the Hopper kernel (its split form where
         # few query tiles leave SMs idle), whose TMA loads zero-fill past them as the cache kernel's copies do.
         return attention_fwd(q, k_cache[:, :seqlen_k], v_cache[:, :seqlen_k], softmax_scale=softmax_scale,
@@ -385,8 +384,6 @@ def attention_fwd_kvcache(
                              num_splits=cache.num_splits)
     # Pages holding whole key tiles (block_n <= 128 divides them) are read tile by tile; others row by row.
     kv = "paged" if paged and (page_size % 128 or cache.leftpad_k is not None) else "cache"
-    device, dtype, mask = q.device.index, DTYPES[q.dtype], mask_kind(causal, window_size)
-    feats = (softcap > 0, alibi_slopes is not None, False)
     cfg, slots = _decode_tiling(device, dtype, head_dim, mask, *feats, kv, pack, bucket_name("decode", seqlen_k),
                                 config)
     tile_heads, rows = (nheads_k, seqlen_q * (nheads // nheads_k)) if pack else (nheads, seqlen_q)
@@ -435,6 +432,13 @@ def _dense_rows(cache: KvCache) -> bool:
     cache_seqlens, no left padding, no batch index): dense K/V in all but their strides."""
     return (cache.block_table is None and cache.seqused_k is None and cache.leftpad_k is None
             and cache.batch_idx is None)
+
+
+@functools.lru_cache(maxsize=None)
+def _hopper_runs(device: int, dtype: str, head_dim: int, mask: str, softcap: bool, alibi: bool, varlen: bool) -> bool:
+    """Whether the dense key's default tiling is the Hopper kernel's on `device` (once per key, not per step)."""
+    key = FwdKey(driver.device_arch(device), dtype, head_dim, mask, softcap, alibi, varlen)
+    return isinstance(fwd_tilings.default_config(key), Sm90FwdConfig)
 
 
 @functools.lru_cache(maxsize=None)
