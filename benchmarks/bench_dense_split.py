@@ -12,16 +12,13 @@ Median of triton.testing.do_bench (L2 flushed between calls), TFLOP/s = 4 * b * 
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 
 import torch
 from torch.nn.attention import SDPBackend
 
 import flash_gen
-from bench_pack_gqa import sdpa_call
-from flash_gen.bench import run_record
+from bench_common import sdpa_call, setup, write_rows
 from flash_gen.runtime.fwd import plan_fwd, run_fwd
 
 NHEADS_K, HDIM = 8, 128
@@ -29,17 +26,9 @@ BATCHES, GROUPS, SPLITS = (1, 4), (1, 8), (1, 2, 4, 8, 16)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seqlen-q", default="1,64,128,256,512")
-    parser.add_argument("--seqlen-k", default="2048,4096,8192,32768")
-    parser.add_argument("--json", default="")
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("needs a CUDA GPU", file=sys.stderr)
+    if (ready := setup(__doc__, seqlen_q="1,64,128,256,512", seqlen_k="2048,4096,8192,32768")) is None:
         return 2
-    from triton.testing import do_bench
-
-    timer = lambda fn: do_bench(fn, warmup=25, rep=100, return_mode="median")  # noqa: E731
+    args, timer = ready
     score = dict(softmax_scale=HDIM**-0.5, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None)
     rows = []
     print(f"TFLOP/s, bf16, {NHEADS_K} KV heads, head dim {HDIM}, no mask; 'splits' is the default's choice")
@@ -69,9 +58,7 @@ def main() -> int:
                     print(f"{batch:2}{group:6}{sq:5}{sk:7}{row['splits']:7} | {row['default']:8.1f}"
                           + "".join(f"{row[f'x{s}']:8.1f}" for s in SPLITS)
                           + f"{cudnn} | {row['default'] / row['x1']:10.2f}{ratio}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"meta": run_record(), "rows": rows}, f, indent=1)
+    write_rows(args.json, rows)
     return 0
 
 

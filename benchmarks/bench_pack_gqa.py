@@ -14,16 +14,13 @@ mask sq * (sk - sq) + sq * (sq + 1) / 2. GPU only.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention import SDPBackend
 
 import flash_gen
-from flash_gen.bench import run_record
+from bench_common import sdpa_call, setup, write_rows
 from flash_gen.runtime.fwd import attention_fwd
 
 BATCH, NHEADS_K, HDIM, SEQLEN_K = 4, 8, 128, 8192
@@ -31,36 +28,10 @@ GROUPS = (4, 8)
 PEERS = {"cuDNN": SDPBackend.CUDNN_ATTENTION, "FA2": SDPBackend.FLASH_ATTENTION}
 
 
-def sdpa_call(backend: SDPBackend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-    """A zero-argument SDPA call on (b, s, h, d) inputs, or None when the backend refuses the shape."""
-    group = q.shape[2] // k.shape[2]
-    qt = q.transpose(1, 2)
-    for gqa in (True, False):
-        kt, vt = ((t if gqa else t.repeat_interleave(group, dim=2)).transpose(1, 2) for t in (k, v))
-
-        def call(kt=kt, vt=vt, gqa=gqa):
-            with sdpa_kernel(backend):
-                return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=gqa)
-
-        try:
-            call()
-            return call
-        except RuntimeError:
-            continue
-    return None
-
-
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seqlen-q", default="1,16,64,128,256,512")
-    parser.add_argument("--json", default="")
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("needs a CUDA GPU", file=sys.stderr)
+    if (ready := setup(__doc__, seqlen_q="1,16,64,128,256,512")) is None:
         return 2
-    from triton.testing import do_bench
-
-    timer = lambda fn: do_bench(fn, warmup=25, rep=100, return_mode="median")  # noqa: E731
+    args, timer = ready
     rows = []
     header = f"{'mask':7}{'group':>6}{'sq':>6} | {'default':>8}{'packed':>8}{'unpacked':>9}{'cuDNN':>8}{'FA2':>8} | " \
              f"{'packed/unpacked':>15}{'default/cuDNN':>14}"
@@ -92,9 +63,7 @@ def main() -> int:
                 print(f"{'causal' if causal else 'none':7}{group:6}{sq:6} | {fmt('default')}{fmt('packed')}"
                       f"{row['unpacked']:9.1f}{fmt('cuDNN')}{fmt('FA2')} | {row['packed'] / row['unpacked']:15.2f}"
                       f"{cudnn}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"meta": run_record(), "rows": rows}, f, indent=1)
+    write_rows(args.json, rows)
     return 0
 
 
