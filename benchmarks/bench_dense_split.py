@@ -5,7 +5,7 @@ flash_attn_func), where an unsplit launch leaves most SMs idle.
                                            [--json bench_dense_split.json]
 
 bf16, head dim 128, 8 KV heads with groups of 1 and 8 query heads, batch 1 and 4, no mask. Timed side by side:
-flash_gen's flash_attn_func (splits where runtime.fwd.split_pays says so), the runtime forced to 1 (never split),
+flash_gen's flash_attn_func (splits where runtime.fwd._split_plan says so), the runtime forced to 1 (never split),
 2, 4, 8 and 16 splits (each planned once, as flash_attn_func's repeated calls are), and SDPA's cuDNN backend.
 Median of triton.testing.do_bench (L2 flushed between calls), TFLOP/s = 4 * b * h * d * sq * sk / time. GPU only.
 """

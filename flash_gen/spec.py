@@ -73,7 +73,7 @@ class FwdKey:
     # from cu_seqlens_k (flash_attn_varlen_func with block_table).
     kv: str = "dense"
     # Split-KV: each CTA covers a share of the keys and writes fp32 partials to combine; for KV caches and for
-    # dense batches with few query tiles (the runtime splits them where runtime.fwd.split_pays says so).
+    # dense batches with few query tiles (the runtime splits them where runtime.fwd._split_plan says so).
     split: bool = False
     # GQA/MQA: one CTA serves all query heads of a KV head, their rows stacked along the query tile, so each K/V
     # tile is read once per group instead of once per query head (decoding reads little else) and few query rows

@@ -2,9 +2,9 @@
 
 A map describes a (batch, seqlen, heads, head_dim) tensor to the TMA unit as 4-D (head_dim innermost), or as 5-D
 with a GQA group's heads split out (encode_rows), with a box of 64 columns (one 128-byte swizzled row,
-CU_TENSOR_MAP_SWIZZLE_128B) by a tile's rows; rows past seqlen arrive as zeros. Encoding goes through ctypes, like the launch (driver.py): cuda-bindings converts each argument in
-Python (the runtime keeps encoded maps per shape and addresses, flash_gen.runtime.fwd._sm90_params). Must not
-import anything under flash_gen.build.
+CU_TENSOR_MAP_SWIZZLE_128B) by a tile's rows; rows past seqlen arrive as zeros. Encoding goes through ctypes, like
+the launch (driver.py): cuda-bindings converts each argument in Python (the runtime keeps encoded maps per shape
+and addresses, flash_gen.runtime.fwd._sm90_params). Must not import anything under flash_gen.build.
 """
 
 from __future__ import annotations
@@ -72,9 +72,10 @@ def params_with_maps(struct: type, base: ctypes.Structure, cache: dict, key: tup
                      maps: tuple[tuple, ...]) -> ctypes.Structure:
     """A Hopper kernel's parameter `struct`: TMA map fields first (`maps`: field, tensor (b, s, h, d) or packed
     (s, h, d), then encode_rows' box rows and, for a 5-D map, group), then `base`, the shape's template (the same
-    object for every call of a shape; per-call addresses are patched in at launch). A map depends only on the address, shape, strides, dtype and box, so the
-    struct is kept in `cache` (one per shape) under `key` (the variant and the addresses): a repeated call (the
-    caching allocator hands out the same blocks step after step) encodes nothing. Callers must not modify it."""
+    object for every call of a shape; per-call addresses are patched in at launch). A map depends only on the
+    address, shape, strides, dtype and box, so the struct is kept in `cache` (one per shape) under `key` (the
+    variant and the addresses): a repeated call (the caching allocator hands out the same blocks step after step)
+    encodes nothing. Callers must not modify it."""
     params = cache.get(key)
     if params is None:
         params = struct()
