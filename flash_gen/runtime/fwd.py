@@ -122,9 +122,10 @@ def _variant(
 
 
 def _config(key: FwdKey, bucket: str, start: FwdTiling | None = None) -> FwdTiling:
-    """FLASH_GEN_FWD_CONFIG where feasible, else the tuning database's entry for the bucket, else the first
-    default that compiles without spills (the Hopper kernel where it supports the key; with `start`, from that
-    tiling of the chain on, and a tuned entry only of its family)."""
+    """FLASH_GEN_FWD_CONFIG where feasible, else the tuning database's entry for the bucket if it is of the kernel
+    family the chain walk starts in, else the first default that compiles without spills: from the chain's head
+    (the Hopper kernel where it supports the key) or from `start`. (A KV cache's decoding steps start at the
+    portable kernel and its chunks at the Hopper one, in the same buckets.)"""
     forced = settings.fwd_config()
     if forced is not None:
         cfg = fwd_tilings.config_from_name(forced)
