@@ -409,11 +409,15 @@ def attention_fwd_kvcache(
                              num_splits=cache.num_splits)
     # Pages holding whole key tiles (block_n <= 128 divides them) are read tile by tile; others row by row.
     kv = "paged" if paged and (page_size % 128 or cache.leftpad_k is not None) else "cache"
-    cfg, slots = _cache_tiling(device, dtype, head_dim, mask, *feats, kv, pack, bucket_name("decode", seqlen_k),
-                               config, fwd_tilings.cache_chunk_runs_hopper(kv, seqlen_q, group, pack))
+    tiling = (device, dtype, head_dim, mask, *feats, kv, pack, bucket_name("decode", seqlen_k), config,
+              fwd_tilings.cache_chunk_runs_hopper(kv, seqlen_q, group, pack))
+    cfg, slots = _cache_tiling(*tiling, False)
     tile_heads = nheads_k if pack else nheads
     m_blocks = _query_tiles(cfg, seqlen_q, group if pack else 1)
     splits = cache.num_splits or choose_num_splits(batch * tile_heads * m_blocks, -(-seqlen_k // cfg.block_n), slots)
+    if splits > 1:  # the split key's own spill-free tiling (a split kernel can spill where the unsplit one does not)
+        cfg, _ = _cache_tiling(*tiling, True)
+        m_blocks = _query_tiles(cfg, seqlen_q, group if pack else 1)
     var = _variant(device, dtype, head_dim, mask, *feats, cfg, kv, splits > 1, pack)
     shape = _shape(q, k_cache, v_cache, _contiguous_strides(q.shape), batch, seqlen_k, causal=causal,
                    window_size=window_size, softmax_scale=softmax_scale, softcap=softcap, alibi_slopes=alibi_slopes)
@@ -472,11 +476,12 @@ def _hopper_runs(device: int, dtype: str, head_dim: int, mask: str, softcap: boo
 
 @functools.lru_cache(maxsize=None)
 def _cache_tiling(device: int, dtype: str, head_dim: int, mask: str, softcap: bool, alibi: bool, varlen: bool,
-                  kv: str, pack: bool, bucket: str, config: FwdTiling | None, hopper: bool) -> tuple[FwdTiling, int]:
+                  kv: str, pack: bool, bucket: str, config: FwdTiling | None, hopper: bool,
+                  split: bool) -> tuple[FwdTiling, int]:
     """A KV-cache key's tiling and its resident-CTA slots on the device (the split heuristic's inputs): worked
     out once per key and bucket, not per decoding step. `hopper`: the key's default chain (the Hopper kernel
     first where it supports the key); otherwise the portable kernel's tilings (a forced or tuned one first)."""
-    key = FwdKey(driver.device_arch(device), dtype, head_dim, mask, softcap, alibi, varlen, kv, False, pack)
+    key = FwdKey(driver.device_arch(device), dtype, head_dim, mask, softcap, alibi, varlen, kv, split, pack)
     cfg = config or _config(key, bucket, None if hopper else fwd_tilings.portable_config(key))
     return cfg, driver.sm_count(device) * fwd_tilings.ctas_per_sm(key, cfg)
 

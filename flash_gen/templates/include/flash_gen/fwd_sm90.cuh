@@ -337,8 +337,9 @@ __device__ __forceinline__ void fwd_sm90_produce(Sm90FwdParams const& params, ty
 }
 
 // KV cache: the producer warpgroup zeroes the stale rows of the CTA's last V tile (Sm90Tile::stale_v_rows) once
-// it has landed, then hands it to the consumers' last P V GEMM (v_tail). Thread 0 issued that load, so its wait
-// on the stage's full barrier can only be for that phase; the others wait for it at a named barrier. A 128-byte
+// it has landed, then hands it to the consumers' last P V GEMM (v_tail). Thread 0 issued that load, so once it has
+// returned from the producer loop a wait on the stage's full barrier can only be for that phase: warp 0 waits
+// (whole, so that it reaches the named barrier converged) and the other warps wait for it there. A 128-byte
 // swizzle permutes 16-byte chunks within a 128-byte row, so a tile row is one whole row of each 64-column slab.
 template <class T>
 __device__ __forceinline__ void zero_stale_v_rows(Sm90Tile<T> const& tile, typename T::Barriers& bars,
@@ -347,7 +348,7 @@ __device__ __forceinline__ void zero_stale_v_rows(Sm90Tile<T> const& tile, typen
   if (stale == 0) return;
   const int last = tile.n_max - 1 - tile.n_min;  // key step of the last V tile (one tile per CTA)
   const int stage = last % T::kStages;
-  if (threadIdx.x == 0) bars.v_full[stage].wait((last / T::kStages) & 1);
+  if (threadIdx.x < 32) bars.v_full[stage].wait((last / T::kStages) & 1);
   named_barrier_sync(T::kProducerBarrierId, 128);
   constexpr int kRowBytes = T::kBoxCols * int(sizeof(typename T::Element)), kSlabs = T::kHeadDim / T::kBoxCols;
   const int chunks = stale * kRowBytes / 16;  // per slab
