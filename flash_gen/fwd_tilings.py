@@ -25,11 +25,37 @@ def default_configs(key: FwdKey) -> tuple[FwdTiling, ...]:
         return spec.default_configs(key)
     # Lighter Hopper tilings before the portable kernel (NVRTC 13.0, softcap + ALiBi): at head dim 64 three consumer
     # warpgroups (192 rows, 128 registers each) spill 8-28 B where two (168 each) do not; at 256 and packed,
-    # 64-key steps spill 8-24 B where 48-key steps do not.
+    # 64-key steps spill 8-24 B where 48-key steps do not (KV caches: 32, as key tiles must divide 128; the
+    # causal split pack-GQA cache key spills 8 B at 64 and none at 32).
     lighter = [dataclasses.replace(hopper, block_m=128)] if hopper.block_m == 192 else []
-    lighter += [dataclasses.replace(hopper, block_n=48)] if hopper.block_n == 64 else []
+    lighter += [dataclasses.replace(hopper, block_n=48 if key.kv == "dense" else 32)] if hopper.block_n == 64 else []
     return (hopper, *(c for c in lighter if spec_sm90.sm90_infeasible_reason(key, c) is None),
             *spec.default_configs(key))
+
+
+def portable_config(key: FwdKey) -> FwdConfig:
+    """The portable kernel's default for `key`, where default_configs' chain leaves the Hopper tilings: what
+    decoding steps over a KV cache run on sm90 too (cache_chunk_runs_hopper)."""
+    return spec.default_configs(key)[0]
+
+
+def measured_defaults(key: FwdKey) -> tuple[FwdTiling, ...]:
+    """The defaults a tuned entry of `key` may be measured against: the chain's head, and for a KV cache read tile
+    by tile also the portable kernel's, which decoding steps run (the tuner's decode family)."""
+    head = default_config(key)
+    return (head, portable_config(key)) if key.kv == "cache" and portable_config(key) != head else (head,)
+
+
+HOPPER_CACHE_ROWS = 64  # one consumer warpgroup's rows
+
+
+def cache_chunk_runs_hopper(kv: str, seqlen_q: int, group: int, pack_gqa: bool) -> bool:
+    """Whether a call over a KV cache read tile by tile (kv "cache") takes its key's default chain, the Hopper
+    kernel first on sm90, rather than the portable kernel's tilings: when a KV head's query rows (positions x
+    packed heads) fill at least one consumer warpgroup's HOPPER_CACHE_ROWS (chunked prefill, speculative
+    decoding). Decoding steps, few rows bound by reading the cache, keep the portable kernel, which reads it near
+    the copy ceiling (docs/benchmarks.md, KV-cache decoding). Groups over 64 do not pack in the Hopper kernel."""
+    return kv == "cache" and seqlen_q * (group if pack_gqa else 1) >= HOPPER_CACHE_ROWS and group <= 64
 
 
 def default_config(key: FwdKey) -> FwdTiling:

@@ -2,8 +2,9 @@
 
 Issue 7: a TMA producer warpgroup and one to three wgmma consumer warpgroups (64 query rows each) with
 intra-warpgroup overlap, optional ping-pong and persistent CTAs (docs/hopper_forward.md). Keys are the forward's
-FwdKey; keys on sm90 with dense K/V (packed ragged batches or not, pack-GQA or not) and any head dim up to 256 are
-supported so far (computed as the next multiple of 64: TMA boxes of 64 columns zero-fill the columns past
+FwdKey; keys on sm90 with dense K/V (packed ragged batches or not, pack-GQA or not) or K/V read from a KV cache
+tile by tile (kv "cache": contiguous, or pages of a multiple of 128 rows), and any head dim up to 256 are
+supported (computed as the next multiple of 64: TMA boxes of 64 columns zero-fill the columns past
 head_dim on load and drop them on store), with or without softcap and ALiBi. Must not import torch or cuda.
 """
 
@@ -101,19 +102,25 @@ def sm90_smem_bytes(key: FwdKey, cfg: Sm90FwdConfig) -> int:
     """Q plus `stages` K and V tiles (2-byte elements), an O staging tile in persistent CTAs (elsewhere O leaves
     through Q's buffer), P (block_m x block_n) where the P V GEMM reads it from shared memory, then the mbarriers:
     Q full and empty, K/V full and empty per stage; persistent CTAs end with the slot through which the producer
-    hands each tile to the consumers."""
+    hands each tile to the consumers; KV-cache keys one more barrier (the last V tile's stale rows zeroed)."""
     rows = cfg.block_m * (2 if cfg.persistent else 1) + 2 * cfg.stages * cfg.block_n
     p_tile = 2 * cfg.block_m * cfg.block_n if cfg.p_in_smem else 0
     tile_slot = TILE_SLOT_BYTES if cfg.persistent else 0
-    return 2 * sm90_head_dim(key) * rows + p_tile + BARRIER_BYTES * (2 + 4 * cfg.stages) + tile_slot
+    barriers = 2 + 4 * cfg.stages + (key.kv == "cache")
+    return 2 * sm90_head_dim(key) * rows + p_tile + BARRIER_BYTES * barriers + tile_slot
 
 
 def sm90_infeasible_reason(key: FwdKey, cfg: Sm90FwdConfig) -> str | None:
     """Why the Hopper kernel cannot run `key` with `cfg` (None when it can)."""
     if key.arch != "sm90":
         return f"wgmma kernels are built for sm90, not {key.arch}"
-    if key.kv != "dense":
-        return f"not supported yet: kv {key.kv}"
+    if key.kv == "paged":
+        return "pages of any size: each row found through the block table (the portable kernel)"
+    if key.kv == "cache":
+        if cfg.persistent or cfg.cluster > 1:
+            return "KV-cache tiles run one CTA each, without clusters (the last V tile's stale rows zeroed once)"
+        if 128 % cfg.block_n:
+            return f"block_n {cfg.block_n} must divide 128: a key tile lies in one page of a multiple of 128 rows"
     if key.split and (cfg.persistent or cfg.cluster > 1):
         return "split-KV runs one CTA per (query tile, split), without clusters"
     if key.varlen and cfg.persistent:
@@ -154,13 +161,13 @@ def default_sm90_config(key: FwdKey) -> Sm90FwdConfig | None:
     two K/V stages exceed shared memory). Ping-pong only where it measured ahead: the three warpgroups of head
     dim 64. Other head dims take the tiling of the multiple of 64 they are computed as (sm90_head_dim): at 32, 96
     and 160 that ran 1.0-1.9x the portable kernel's defaults (H200, 2026-11-30). Packed (varlen) batches and
-    split-KV take the same tiling with one CTA per tile."""
+    split-KV and KV caches take the same tiling with one CTA per tile."""
     if key.head_dim <= 64:
         cfg = Sm90FwdConfig(128, 2, pingpong=True, block_m=192)
     elif key.head_dim <= 128:
         cfg = Sm90FwdConfig(128, 2, pingpong=False, persistent=True)
     else:
         cfg = Sm90FwdConfig(64, 2, pingpong=False)
-    if key.varlen or key.split:
+    if key.varlen or key.split or key.kv == "cache":
         cfg = replace(cfg, persistent=False)
     return cfg if sm90_infeasible_reason(key, cfg) is None else None

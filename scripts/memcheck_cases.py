@@ -38,6 +38,20 @@ def varlen_cases() -> int:
     return len(offsets) * 2
 
 
+def varlen_paged_cases() -> int:
+    """flash_attn_varlen_func over pages of 256 rows (on sm90 the Hopper kernel's cache form), with valid and with
+    garbage key counts and block-table entries."""
+    q = torch.randn(300, 4, 64, device="cuda", dtype=torch.bfloat16)
+    k_cache, v_cache = (torch.randn(8, 256, 2, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    tables = (i32([[0, 1], [2, 3], [4, 5]]), i32([[-7, 10**6], [2, 3], [7, -1]]))
+    offsets = ([0, 100, 100, 300], [0, 50, 120, 512]), ([-50, 100, 9999, 7], [400, -3, 0, 10**6])
+    for table, (cu_q, cu_k) in zip(tables, offsets):
+        for causal in (False, True):
+            flash_attn_varlen_func(q, k_cache, v_cache, i32(cu_q), i32(cu_k), None, None, causal=causal,
+                                   block_table=table)
+    return 4
+
+
 def dense_backward_cases() -> int:
     """GQA, seqlen_q above and below seqlen_k, single rows, every mask kind (the Hopper backward's keys and the
     portable one's)."""
@@ -100,12 +114,15 @@ def hopper_tiling_cases() -> int:
     return len(cases)
 
 
-def kvcache_cases() -> int:
+def kvcache_cases(seqlen_q: int = 4, page_sizes: tuple[int, ...] = (0, 1, 16, 256)) -> int:
+    """flash_attn_with_kvcache over contiguous (page 0) and paged caches with valid and garbage lengths, padding,
+    entries and pages. 4 query positions (GQA 8/2) are decoding steps (the portable kernel); 70 are chunks, which
+    on sm90 run the Hopper kernel's cache form over the contiguous cache and pages of 256 rows."""
     batch, capacity, hk = 3, 700, 2
-    q = torch.randn(batch, 4, 8, 128, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(batch, seqlen_q, 8, 128, device="cuda", dtype=torch.bfloat16)
     k_new = torch.randn(batch, 2, hk, 128, device="cuda", dtype=torch.bfloat16)
     calls = 0
-    for page in (0, 1, 16, 256):
+    for page in page_sizes:
         pages = -(-capacity // page) if page else 0
         blocks = batch * pages + 3 if page else batch + 1
         rows = page or capacity
@@ -138,6 +155,7 @@ def kvcache_cases() -> int:
 
 if __name__ == "__main__":
     n = varlen_cases() + dense_backward_cases() + pack_gqa_cases() + dense_split_cases() + kvcache_cases()
+    n += kvcache_cases(70, (0, 256)) + varlen_paged_cases()
     if torch.cuda.get_device_capability() == (9, 0):
         n += hopper_tiling_cases()
     torch.cuda.synchronize()

@@ -43,15 +43,24 @@ def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvca
     import test_varlen_gpu as tv
 
     from flash_gen import bwd_tilings
-    from flash_gen.fwd_tilings import config_from_name, default_config, infeasible_reason, pack_gqa_pays
+    from flash_gen.fwd_tilings import (
+        cache_chunk_runs_hopper,
+        config_from_name,
+        default_config,
+        infeasible_reason,
+        pack_gqa_pays,
+        portable_config,
+    )
     from flash_gen.spec import FwdKey
     from flash_gen.spec_bwd import BwdKey
     from flash_gen.validate import derive_mask
 
     def default(dtype: str, head_dim: int, mask: str, softcap: bool = False, alibi: bool = False,
-                varlen: bool = False, kv: str = "dense", split: bool = False, pack: bool = False) -> tuple:
+                varlen: bool = False, kv: str = "dense", split: bool = False, pack: bool = False,
+                portable: bool = False) -> tuple:
+        """The key's default tiling; `portable`: the portable kernel's (decoding steps over a KV cache)."""
         key = FwdKey(arch, dtype, head_dim, mask, softcap, alibi, varlen, kv, split, pack)
-        return key, default_config(key)
+        return key, portable_config(key) if portable else default_config(key)
 
     def default_bwd(dtype: str, head_dim: int, mask: str, softcap: bool = False, alibi: bool = False,
                     deterministic: bool = False, varlen: bool = False) -> tuple:
@@ -93,15 +102,20 @@ def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvca
             out.add(default_bwd(c.dtype, c.head_dim, mask, *feats, c.deterministic, varlen=True))
         out.add(default("bf16", 64, "causal", varlen=True))  # the packed-variant and CUDA-graph tests
         out.update(default("bf16", 64, "causal", varlen=True, kv=kv) for kv in ("cache", "paged"))  # block_table
+        out.add(default("bf16", 64, "none", varlen=True, kv="cache"))  # memcheck_cases.py's varlen_paged_cases
         out.update(default_bwd("bf16", 64, "causal", deterministic=det, varlen=True) for det in (False, True))
     if "kvcache" in suites:
-        for c in tk.CASES + [tk.Case(16, seqlen_q=4, splits=s) for s in (1, 2)] + [tk.Case(16, new=1, splits=3)]:
+        extra = [tk.Case(16, seqlen_q=4, splits=s) for s in (1, 2)] + [tk.Case(16, new=1, splits=3)]
+        extra += [tk.Case(256, seqlen_q=s, splits=0) for s in (1, 4, 16, 64)]  # the Hopper-or-portable test
+        for c in tk.CASES + extra:
             causal, window = t.MASKS[c.mask]
             mask, _ = derive_mask(causal, window, c.seqlen_q, tk.CAPACITY)
             kv = "paged" if c.page and (c.page % 128 or c.leftpad) else "cache"
             pack = c.nheads_k < tk.NHEADS and c.feature != "alibi"
             feats = (c.feature == "softcap", c.feature == "alibi")
-            out.add(default(c.dtype, c.head_dim, mask, *feats, kv=kv, split=c.splits != 1, pack=pack))
+            portable = not cache_chunk_runs_hopper(kv, c.seqlen_q, tk.NHEADS // c.nheads_k, pack)
+            for split in {c.splits != 1, c.splits > 1}:  # the heuristic (0) may or may not split
+                out.add(default(c.dtype, c.head_dim, mask, *feats, kv=kv, split=split, pack=pack, portable=portable))
             if c.int_seqlens and not (c.page or c.batch_idx or c.leftpad):  # served as a dense call
                 pack = pack_gqa_pays(FwdKey(arch, c.dtype, c.head_dim, mask, *feats), c.seqlen_q,
                                      tk.NHEADS // c.nheads_k)
@@ -149,9 +163,11 @@ def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvca
                 out.update((default("bf16", d, mask), default_bwd("bf16", d, mask)))
         for mask in ("none", "causal"):
             out.update((default("bf16", 128, mask, varlen=True), default_bwd("bf16", 128, mask, varlen=True)))
-            out.update(default("bf16", 128, mask, kv=kv, split=split, pack=True) for kv in ("cache", "paged")
-                       for split in (False, True))  # benchmarks/bench_decode.py (GQA 32/8)
+            out.update(default("bf16", 128, mask, kv=kv, split=split, pack=True, portable=True)
+                       for kv in ("cache", "paged") for split in (False, True))  # benchmarks/bench_decode.py (GQA 32/8)
             out.add(default("bf16", 128, mask, pack=True))  # benchmarks/bench_pack_gqa.py, memcheck_cases.py
+        # benchmarks/bench_kvcache_chunks.py: the Hopper kernel's cache form (GQA 32/8, no mask)
+        out.update(default("bf16", 128, "none", kv="cache", split=split, pack=True) for split in (False, True))
         # benchmarks/bench_dense_split.py: split dense calls, MHA and packed
         out.update(default("bf16", 128, "none", split=True, pack=pack) for pack in (False, True))
     # Tilings the shipped tuning database picks for keys the suites use (the runtime prefers them).

@@ -1,8 +1,10 @@
 """GPU tests of flash_attn_with_kvcache and merge_attention_states against a float64 reference built entry by
 entry (flash_attn's rule: error at most twice PyTorch's own in the input dtype, plus 1e-4): contiguous and paged
 caches (page sizes 1, 16, 256), appended keys, rotary (interleaved or not), cache_batch_idx, cache_leftpad, int
-and tensor cache_seqlens, seqlen_q 1 and 4, masks, softcap, ALiBi, MQA/GQA, split-KV 1..N and the heuristic. The
-cache after an append must equal the reference's (V bit for bit; K after rotary within one rounding).
+and tensor cache_seqlens, seqlen_q 1 and 4 (decoding: the portable kernel) and 40-100 (chunks: on sm90 the Hopper
+kernel), masks, softcap, ALiBi, MQA/GQA, split-KV 1..N and the heuristic. Cache rows an entry does not use (past its
+length, before its left padding) hold NaN: no kernel may let them into the result. The cache after an append must
+equal the reference's (V bit for bit; K after rotary within one rounding).
 """
 
 from __future__ import annotations
@@ -63,6 +65,14 @@ CASES = [
     Case(0, new=2, mask="win32_0", feature="softcap", int_seqlens=True, splits=3, nheads_k=8),
     Case(0, mask="none", feature="alibi", int_seqlens=True, splits=2, dtype="fp16", head_dim=64),
     Case(0, seqlen_q=4, new=2, rotary="interleaved", int_seqlens=True, nheads_k=1),
+    # A KV head's query rows fill a consumer warpgroup (fwd_tilings.cache_chunk_runs_hopper): on sm90 the Hopper
+    # kernel's cache form, the last key tile's stale (NaN) V rows zeroed in shared memory.
+    Case(0, seqlen_q=64, new=64, splits=0),
+    Case(256, seqlen_q=40, new=40, rotary="neox", splits=1),
+    Case(0, seqlen_q=100, leftpad=True, batch_idx=True, mask="win64_64", feature="softcap", splits=3, nheads_k=8),
+    Case(128, seqlen_q=64, new=5, mask="none", feature="alibi", splits=0, dtype="fp16", head_dim=64),
+    Case(512, seqlen_q=70, mask="causal", splits=2, head_dim=256, nheads_k=1),
+    Case(256, seqlen_q=48, new=48, rotary="interleaved", mask="win32_0", splits=0, dtype="fp16", head_dim=96),
 ]
 
 BATCH, NHEADS, CAPACITY = 3, 8, 700
@@ -120,7 +130,7 @@ def _paged(case: Case, k_logical: torch.Tensor, v_logical: torch.Tensor, seed: i
     k_paged, v_paged = (torch.randn(shape, device="cuda", dtype=k_logical.dtype) for _ in range(2))
     padded = pages_per * case.page
     for src, dst in ((k_logical, k_paged), (v_logical, v_paged)):
-        full = torch.zeros((BATCH, padded, *src.shape[2:]), device="cuda", dtype=src.dtype)
+        full = torch.full((BATCH, padded, *src.shape[2:]), float("nan"), device="cuda", dtype=src.dtype)
         full[:, :CAPACITY] = src[:BATCH]
         dst[table.flatten()] = full.view(BATCH * pages_per, case.page, *src.shape[2:])
     return k_paged, v_paged, table.to(torch.int32)
@@ -160,6 +170,13 @@ def test_kvcache_matches_reference(case: Case):
 
     # Reference cache after the append (rotary on the new keys), and rotated queries, in float64.
     entries = batch_idx.long() if batch_idx is not None else torch.arange(BATCH, device="cuda")
+    # Rows an entry does not use are NaN: a kernel that lets one into the softmax or the P V product (0 x NaN)
+    # makes the output NaN.
+    for b in range(BATCH):
+        end, start = int(seqlens[b]) + case.new, int(leftpad[b]) if leftpad is not None else 0
+        for t in (k_log, v_log):
+            t[entries[b], end:] = float("nan")
+            t[entries[b], :start] = float("nan")
     k_ref, v_ref = k_log[entries].clone(), v_log[entries].clone()
     q_ref = q
     if case.new:
@@ -187,8 +204,10 @@ def test_kvcache_matches_reference(case: Case):
 
     got_k = _unpage(k_cache, table) if case.page else k_cache[entries]
     got_v = _unpage(v_cache, table) if case.page else v_cache[entries]
-    assert torch.equal(got_v, v_ref), f"{where}: v_cache after the append differs"
-    torch.testing.assert_close(got_k, k_ref, atol=2e-2, rtol=1e-2, msg=lambda m: f"{where}: k_cache: {m}")
+    torch.testing.assert_close(got_v, v_ref, atol=0, rtol=0, equal_nan=True,
+                               msg=lambda m: f"{where}: v_cache after the append differs: {m}")
+    torch.testing.assert_close(got_k, k_ref, atol=2e-2, rtol=1e-2, equal_nan=True,
+                               msg=lambda m: f"{where}: k_cache: {m}")
 
     # q rotated in float64 and rounded once, like the kernel's input; the low-precision reference shares it.
     out64, lse64 = _reference(case, q_ref, k_ref, v_ref, seqlens, leftpad, batch_idx, cos, sin, alibi, upcast=True)
@@ -203,6 +222,25 @@ def test_kvcache_matches_reference(case: Case):
         if case.rotary:  # q and the new keys were rounded once more than in the low-precision reference
             tol += 2e-2 if name == "out" else 2e-3
         assert err <= tol, f"{where}: {name} max|err| = {err:.3e} > {tol:.3e}"
+
+
+@pytest.mark.parametrize("seqlen_q,hopper", [(1, False), (4, False), (16, True), (64, True)])
+def test_chunks_over_a_cache_run_the_hopper_kernel_and_decoding_steps_the_portable_one(monkeypatch, seqlen_q, hopper):
+    """GQA 8/2 over a paged cache with tensor lengths: from 64 query rows per KV head (16 positions x 4 heads) the
+    Hopper kernel's cache form runs on sm90, below it the portable kernel."""
+    from flash_gen.runtime import fwd
+    from flash_gen.spec_sm90 import Sm90FwdConfig
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Hopper kernel runs on sm90")
+    ran = []
+    variant = fwd._variant
+    monkeypatch.setattr(fwd, "_variant", lambda *a, **kw: ran.append(variant(*a, **kw)) or ran[-1])
+    case = Case(256, seqlen_q=seqlen_q)
+    q, k_log, v_log, seqlens, *_ = _setup(case, fresh_seed())
+    k_cache, v_cache, table = _paged(case, k_log, v_log, 0)
+    flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, block_table=table, causal=True)
+    assert [isinstance(v.cfg, Sm90FwdConfig) for v in ran] == [hopper]
 
 
 def test_splits_agree_with_one_split():

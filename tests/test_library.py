@@ -110,10 +110,26 @@ def test_wheel_installs_and_is_discovered_in_a_fresh_venv(tmp_path, monkeypatch,
     assert found.split() == ["1", "4"]
 
 
+def test_a_tuned_decoding_tiling_serves_decoding_steps_not_chunks(monkeypatch):
+    """A KV-cache key's tuned entry measured against the portable default (the tuner's decode family) serves the
+    decoding steps' portable route; chunks, which start the chain at the Hopper kernel, keep its default."""
+    from flash_gen.runtime import fwd
+
+    key = FwdKey("sm90", "bf16", 128, "none", kv="cache", pack_gqa=True)
+    portable = fwd_tilings.portable_config(key)
+    db = tuned.TunedDb("sm90")
+    db.record(key.name, "cache<=8k", tuned.Entry("m64n64w4s1", 1.0, portable.name, 1.1, "gpu", "drv", "now", 3))
+    monkeypatch.setattr(tuned, "shipped", lambda arch: db)
+    monkeypatch.setattr(library, "obtain", lambda source, entry, arch, options=(): (b"", 0))  # no NVRTC: no spills
+    assert fwd._config(key, "cache<=8k", portable) == config_from_name("m64n64w4s1")
+    assert fwd._config(key, "cache<=8k") == fwd_tilings.default_config(key)
+    assert fwd._config(key, "cache>8k", portable) == portable  # no entry: the portable default
+
+
 def test_dispatch_picks_the_tuned_tiling_per_bucket(monkeypatch):
     from flash_gen.runtime import fwd
 
-    key = FwdKey("sm90", "bf16", 64, "none", kv="cache")  # a portable-kernel key
+    key = FwdKey("sm90", "bf16", 64, "none", kv="paged")  # a portable-kernel key (pages of any size)
     db = tuned.TunedDb("sm90")
     db.record(key.name, "s<=1k", tuned.Entry("m128n64w4s2_qreg", 1.0, default_config(key).name, 1.1, "gpu", "drv",
                                              "now", 3))

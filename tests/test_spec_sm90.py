@@ -9,6 +9,7 @@ import dataclasses
 
 import pytest
 
+from flash_gen import fwd_tilings
 from flash_gen.build import batches
 from flash_gen.spec import FwdKey
 from flash_gen.spec_sm90 import (
@@ -31,7 +32,11 @@ def test_config_names_round_trip_and_other_names_are_not_sm90():
 @pytest.mark.parametrize("key,cfg,reason", [
     (FwdKey("sm80", "bf16", 128), Sm90FwdConfig(), "sm90"),
     (FwdKey("sm90", "bf16", 128, varlen=True), Sm90FwdConfig(persistent=True), "varlen"),
-    (FwdKey("sm90", "bf16", 128, kv="cache"), Sm90FwdConfig(), "not supported"),
+    (FwdKey("sm90", "bf16", 128, kv="paged"), Sm90FwdConfig(), "portable kernel"),
+    (FwdKey("sm90", "bf16", 128, varlen=True, kv="cache"), Sm90FwdConfig(persistent=True), "one CTA each"),
+    (FwdKey("sm90", "bf16", 128, kv="cache"), Sm90FwdConfig(persistent=True), "one CTA each"),
+    (FwdKey("sm90", "bf16", 128, kv="cache"), Sm90FwdConfig(cluster=2), "one CTA each"),
+    (FwdKey("sm90", "bf16", 128, kv="cache"), Sm90FwdConfig(96), "divide 128"),
     (FwdKey("sm90", "bf16", 256), Sm90FwdConfig(128), "tile registers"),
     (FwdKey("sm90", "bf16", 64), Sm90FwdConfig(24), "multiple of 16"),
     (FwdKey("sm90", "bf16", 128), Sm90FwdConfig(128, 4), "shared memory"),
@@ -52,6 +57,25 @@ def test_varlen_defaults_run_one_cta_per_tile():
         dense, packed = (default_sm90_config(FwdKey("sm90", "bf16", d, "causal", varlen=v)) for v in (False, True))
         assert packed is not None and not packed.persistent
         assert dataclasses.replace(packed, persistent=dense.persistent) == dense
+
+
+def test_kv_cache_keys_run_the_hopper_kernel_one_cta_per_tile_with_one_more_barrier():
+    for d in (64, 128, 256):
+        dense, cache = (FwdKey("sm90", "bf16", d, "causal", kv=kv) for kv in ("dense", "cache"))
+        cfg = default_sm90_config(cache)
+        assert cfg is not None and not cfg.persistent and 128 % cfg.block_n == 0
+        assert dataclasses.replace(cfg, persistent=default_sm90_config(dense).persistent) == default_sm90_config(dense)
+        assert sm90_smem_bytes(cache, cfg) == sm90_smem_bytes(dense, cfg) + 8
+    # decoding steps keep the portable kernel: its default is where the chain leaves the Hopper tilings
+    key = FwdKey("sm90", "bf16", 128, kv="cache", pack_gqa=True)
+    chain = fwd_tilings.default_configs(key)
+    assert isinstance(chain[0], Sm90FwdConfig) and fwd_tilings.portable_config(key) in chain
+    assert fwd_tilings.measured_defaults(key) == (chain[0], fwd_tilings.portable_config(key))
+    # from one consumer warpgroup's 64 rows per KV head (positions x packed heads), groups of at most 64
+    runs = fwd_tilings.cache_chunk_runs_hopper
+    assert [runs("cache", sq, 4, True) for sq in (1, 15, 16, 1000)] == [False, False, True, True]
+    assert [runs("cache", sq, 4, False) for sq in (16, 63, 64)] == [False, False, True]  # ALiBi: unpacked
+    assert not runs("paged", 1000, 4, True) and not runs("cache", 1000, 128, True)
 
 
 def test_head_dims_compute_as_the_next_multiple_of_64():

@@ -20,7 +20,8 @@ from flash_gen.gen import render
 
 # Keys every library holds (defaults, plus whatever the tuning database names for them): the head dims of the
 # ANCHORS shapes and common models, both dtypes, every mask, forward and backward; decoding kernels for GQA, and
-# for dense calls with few query tiles pack-GQA and split-KV forms (decoding or short chunks via flash_attn_func).
+# for dense calls with few query tiles pack-GQA and split-KV forms (decoding or short chunks via flash_attn_func);
+# over caches read tile by tile, both the decoding steps' tiling and the chunks' (fwd_tilings.cache_chunk_runs_hopper).
 HEAD_DIMS = (64, 96, 128, 192, 256)
 DECODE_HEAD_DIMS = (64, 128)
 
@@ -37,6 +38,8 @@ def plan(arch: str) -> list[tuple]:
         keys += [spec.FwdKey(arch, dtype, hd, mask, split=split, pack_gqa=pack)
                  for split, pack in ((False, True), (True, False), (True, True))]
         out.update((key, fwd_tilings.default_config(key)) for key in keys)
+        # decoding steps over a cache read tile by tile run the portable kernel where chunks run the Hopper one
+        out.update((key, fwd_tilings.portable_config(key)) for key in keys if key.kv == "cache")
     out.update(tuned.live_configs(arch))
     return sorted(out, key=lambda v: render.entry_name(*v))
 

@@ -42,15 +42,15 @@ def fallbacks(spilled: Iterable[tuple[Key, Tiling]]) -> list[tuple[Key, Tiling]]
     return [(k, nxt) for k, c in spilled if (nxt := fallback(k, c)) is not None]
 
 
-def choose(key: Key, spill_bytes: Callable[[Tiling], int]) -> Tiling:
-    """The first tiling of `key`'s chain for which `spill_bytes(tiling)` (which compiles it, or finds it compiled)
-    is 0; the chain's head, logged, when every one spills."""
-    cfg = chain(key)[0]
+def choose(key: Key, spill_bytes: Callable[[Tiling], int], start: Tiling | None = None) -> Tiling:
+    """The first tiling of `key`'s chain, from `start` (default: its head) on, for which `spill_bytes(tiling)`
+    (which compiles it, or finds it compiled) is 0; `start`, logged, when every one spills."""
+    head = start or chain(key)[0]
+    cfg = head
     while cfg is not None:
         if spill_bytes(cfg) == 0:
             return cfg
         cfg = fallback(key, cfg)
-    head = chain(key)[0]
     settings.logger().warning("every default tiling of %s spills registers; running %s", key.name, head.name)
     return head
 

@@ -27,7 +27,7 @@ from flash_gen.runtime.score_params import (
     set_strides,
     varlen_tiles,
 )
-from flash_gen.spec import FwdConfig, FwdKey, bucket_name, ctas_per_sm
+from flash_gen.spec import FwdKey, bucket_name
 from flash_gen.spec_sm90 import ROWS_PER_CONSUMER, Sm90FwdConfig
 from flash_gen.tuned import tuned_config
 
@@ -121,15 +121,20 @@ def _variant(
     return var
 
 
-def _config(key: FwdKey, bucket: str) -> FwdTiling:
-    """FLASH_GEN_FWD_CONFIG where feasible, else the tuning database's entry for the bucket, else the first
-    default that compiles without spills (the Hopper kernel where it supports the key)."""
+def _config(key: FwdKey, bucket: str, start: FwdTiling | None = None) -> FwdTiling:
+    """FLASH_GEN_FWD_CONFIG where feasible, else the tuning database's entry for the bucket if it is of the kernel
+    family the chain walk starts in, else the first default that compiles without spills: from the chain's head
+    (the Hopper kernel where it supports the key) or from `start`. (A KV cache's decoding steps start at the
+    portable kernel and its chunks at the Hopper one, in the same buckets.)"""
     forced = settings.fwd_config()
     if forced is not None:
         cfg = fwd_tilings.config_from_name(forced)
         if fwd_tilings.infeasible_reason(key, cfg) is None:
             return cfg
-    return tuned_config(key, bucket) or loader.spill_free_config(key)
+    tuned = tuned_config(key, bucket)
+    if tuned is not None and type(tuned) is type(start or fwd_tilings.default_config(key)):
+        return tuned
+    return loader.spill_free_config(key, start)
 
 
 class FwdPlan:
@@ -271,13 +276,13 @@ def run_fwd(
         out = torch.empty_like(q, memory_format=torch.contiguous_format)  # cheaper than torch.empty(shape, ...)
     lse = torch.empty_like(plan.lse_like)
     stream = torch._C._cuda_getCurrentRawStream(q.device.index)  # as Inductor's code reads it: no Stream object
-    if block_table is not None:  # paged (portable kernel only): the whole struct, set field by field
+    if block_table is not None:  # paged: the whole struct, set field by field
         p = _fill(shape, q, k, v, out, lse, alibi_slopes)
         p.block_table, p.block_table_stride = block_table.data_ptr(), block_table.stride(0)
         p.kv_batches, p.page_size = k.shape[0], k.shape[1]
         if cu_seqlens_q is not None:
             p.cu_seqlens_q, p.cu_seqlens_k = cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr()
-        var.kernel.launch(plan.grid, var.block, var.smem, stream, p)
+        var.kernel.launch(plan.grid, var.block, var.smem, stream, _with_call_params(var, 1, p, shape, q, k, v, out))
         return out, lse
     # The shape's template with this call's addresses patched in at launch (driver.Kernel.launch).
     patches = (_OFF_Q, q.data_ptr(), _OFF_K, k.data_ptr(), _OFF_V, v.data_ptr(), _OFF_O, out.data_ptr(), _OFF_LSE,
@@ -339,13 +344,30 @@ def _sm90_params(plan: FwdPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     positions of one head, or packed 64 // group positions of a group's heads) and 4-D ones of k and v (a key
     tile's rows), then the plan's FwdParams, kept per shape, variant, split count and address set
     (tma.params_with_maps)."""
-    var = plan.var
+    return _with_maps(plan.var, plan.splits, plan.params or plan.shape.params, plan.shape, q, k, v, out)
+
+
+def _with_maps(var: _Variant, splits: int, base: FwdParams, shape: _Shape, q: torch.Tensor, k: torch.Tensor,
+               v: torch.Tensor, out: torch.Tensor) -> Sm90FwdParams:
+    """tma.params_with_maps for a Hopper variant: the maps kept in the shape's cache, `base` after them."""
     group = q.shape[-2] // k.shape[-2] if var.pack_gqa else 1
     positions, rows = ROWS_PER_CONSUMER // group, var.cfg.block_n // var.cfg.cluster  # a CTA's share of K/V tiles
-    return tma.params_with_maps(Sm90FwdParams, plan.params or plan.shape.params, plan.shape.maps,
-                                (var, plan.splits, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()),
+    return tma.params_with_maps(Sm90FwdParams, base, shape.maps,
+                                (var, splits, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()),
                                 (("tma_q", q, positions, group), ("tma_k", k, rows), ("tma_v", v, rows),
                                  ("tma_o", out, positions, group)))
+
+
+def _with_call_params(var: _Variant, splits: int, p: FwdParams, shape: _Shape, q: torch.Tensor, k: torch.Tensor,
+                      v: torch.Tensor, out: torch.Tensor) -> ctypes.Structure:
+    """The launch struct of a call whose FwdParams `p` holds every address (KV caches: lengths, padding, entries,
+    pages): `p` itself for the portable kernel; for the Hopper kernel a copy of the maps kept per shape and
+    addresses (_with_maps) with `p` after them."""
+    if not isinstance(var.cfg, Sm90FwdConfig):
+        return p
+    params = Sm90FwdParams.from_buffer_copy(_with_maps(var, splits, p, shape, q, k, v, out))
+    params.base = p
+    return params
 
 
 def attention_fwd_kvcache(
@@ -359,17 +381,20 @@ def attention_fwd_kvcache(
     window_size: tuple[int, int],
     softcap: float,
     alibi_slopes: torch.Tensor | None,
-    config: FwdConfig | None = None,
+    config: FwdTiling | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward attention of q (b, sq, h, d) over a KV cache (see KvCache); returns (out, softmax_lse (b, h, sq)).
     With more than one split (cache.num_splits, or the heuristic when 0) the keys of each query tile are shared
     out over several CTAs and a combine kernel merges their fp32 partial results. Under GQA/MQA (without ALiBi)
     one CTA serves every query head of a KV head (pack_gqa), so each K/V tile is read once per KV head. A
     contiguous cache whose entries all use the same host-known length (_dense_rows) runs as a dense call where
-    the Hopper kernel supports it (unless `config` forces a cache tiling)."""
+    the Hopper kernel supports it (unless `config` forces a cache tiling). Other caches read tile by tile (kv
+    "cache") run the Hopper kernel's cache form for chunks of many query rows and the portable kernel for
+    decoding steps (fwd_tilings.cache_chunk_runs_hopper); `config` forces either."""
     batch, seqlen_q, nheads, head_dim = q.shape
     nheads_k = k_cache.shape[2]
-    pack = nheads > nheads_k and alibi_slopes is None
+    group = nheads // nheads_k
+    pack = group > 1 and alibi_slopes is None
     paged = cache.block_table is not None
     page_size = k_cache.shape[1]
     capacity = cache.block_table.shape[1] * page_size if paged else k_cache.shape[1]
@@ -384,11 +409,15 @@ def attention_fwd_kvcache(
                              num_splits=cache.num_splits)
     # Pages holding whole key tiles (block_n <= 128 divides them) are read tile by tile; others row by row.
     kv = "paged" if paged and (page_size % 128 or cache.leftpad_k is not None) else "cache"
-    cfg, slots = _decode_tiling(device, dtype, head_dim, mask, *feats, kv, pack, bucket_name("decode", seqlen_k),
-                                config)
-    tile_heads, rows = (nheads_k, seqlen_q * (nheads // nheads_k)) if pack else (nheads, seqlen_q)
-    m_blocks = -(-rows // cfg.block_m)
+    tiling = (device, dtype, head_dim, mask, *feats, kv, pack, bucket_name("decode", seqlen_k), config,
+              fwd_tilings.cache_chunk_runs_hopper(kv, seqlen_q, group, pack))
+    cfg, slots = _cache_tiling(*tiling, False)
+    tile_heads = nheads_k if pack else nheads
+    m_blocks = _query_tiles(cfg, seqlen_q, group if pack else 1)
     splits = cache.num_splits or choose_num_splits(batch * tile_heads * m_blocks, -(-seqlen_k // cfg.block_n), slots)
+    if splits > 1:  # the split key's own spill-free tiling (a split kernel can spill where the unsplit one does not)
+        cfg, _ = _cache_tiling(*tiling, True)
+        m_blocks = _query_tiles(cfg, seqlen_q, group if pack else 1)
     var = _variant(device, dtype, head_dim, mask, *feats, cfg, kv, splits > 1, pack)
     shape = _shape(q, k_cache, v_cache, _contiguous_strides(q.shape), batch, seqlen_k, causal=causal,
                    window_size=window_size, softmax_scale=softmax_scale, softcap=softcap, alibi_slopes=alibi_slopes)
@@ -403,10 +432,14 @@ def attention_fwd_kvcache(
     p.block_table_stride = cache.block_table.stride(0) if paged else 0
     p.num_splits = splits
     stream = torch._C._cuda_getCurrentRawStream(device)
+    params = _with_call_params(var, splits, p, shape, q, k_cache, v_cache, out)
+    hopper = isinstance(cfg, Sm90FwdConfig)  # a 1-D grid of (query tile, KV head, entry, split)
+    grid = (m_blocks * tile_heads * batch * splits, 1, 1) if hopper else (m_blocks, tile_heads, batch * splits)
     if splits == 1:
-        var.kernel.launch((m_blocks, tile_heads, batch), var.block, var.smem, stream, p)
+        var.kernel.launch(grid, var.block, var.smem, stream, params)
     else:
-        _launch_split(var, _combine_kernel(device, dtype), (m_blocks, tile_heads, batch * splits), p, q, splits, stream)
+        _launch_split(var, _combine_kernel(device, dtype), grid, params, q, splits, stream,
+                      base=_SM90_BASE if hopper else 0)
     return out, lse
 
 
@@ -442,13 +475,15 @@ def _hopper_runs(device: int, dtype: str, head_dim: int, mask: str, softcap: boo
 
 
 @functools.lru_cache(maxsize=None)
-def _decode_tiling(device: int, dtype: str, head_dim: int, mask: str, softcap: bool, alibi: bool, varlen: bool,
-                   kv: str, pack: bool, bucket: str, config: FwdConfig | None) -> tuple[FwdConfig, int]:
+def _cache_tiling(device: int, dtype: str, head_dim: int, mask: str, softcap: bool, alibi: bool, varlen: bool,
+                  kv: str, pack: bool, bucket: str, config: FwdTiling | None, hopper: bool,
+                  split: bool) -> tuple[FwdTiling, int]:
     """A KV-cache key's tiling and its resident-CTA slots on the device (the split heuristic's inputs): worked
-    out once per key and bucket, not per decoding step."""
-    key = FwdKey(driver.device_arch(device), dtype, head_dim, mask, softcap, alibi, varlen, kv, False, pack)
-    cfg = config or _config(key, bucket)
-    return cfg, driver.sm_count(device) * ctas_per_sm(key, cfg)
+    out once per key and bucket, not per decoding step. `hopper`: the key's default chain (the Hopper kernel
+    first where it supports the key); otherwise the portable kernel's tilings (a forced or tuned one first)."""
+    key = FwdKey(driver.device_arch(device), dtype, head_dim, mask, softcap, alibi, varlen, kv, split, pack)
+    cfg = config or _config(key, bucket, None if hopper else fwd_tilings.portable_config(key))
+    return cfg, driver.sm_count(device) * fwd_tilings.ctas_per_sm(key, cfg)
 
 
 _COMBINE_THREADS = 256  # kCombineThreads in templates/include/flash_gen/fwd_combine.cuh

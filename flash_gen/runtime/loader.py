@@ -38,14 +38,14 @@ def get_kernel(
     return kernel
 
 
-_spill_free: dict[spill_free.Key, spill_free.Tiling] = {}  # kernel key -> its chosen tiling
+_spill_free: dict[tuple, spill_free.Tiling] = {}  # (kernel key, start) -> its chosen tiling
 
 
-def spill_free_config(key: spill_free.Key) -> spill_free.Tiling:
-    """The first tiling of `key`'s default chain that compiles without spills (flash_gen.build.spill_free),
-    found through the library, the cache or NVRTC once per key and process."""
-    cfg = _spill_free.get(key)
+def spill_free_config(key: spill_free.Key, start: spill_free.Tiling | None = None) -> spill_free.Tiling:
+    """The first tiling of `key`'s default chain (from `start` on, default its head) that compiles without spills
+    (flash_gen.build.spill_free), found through the library, the cache or NVRTC once per key and process."""
+    cfg = _spill_free.get((key, start))
     if cfg is None:
-        cfg = _spill_free[key] = spill_free.choose(
-            key, lambda c: library.obtain(render_many([(key, c)]), entry_name(key, c), key.arch)[1])
+        cfg = _spill_free[key, start] = spill_free.choose(
+            key, lambda c: library.obtain(render_many([(key, c)]), entry_name(key, c), key.arch)[1], start)
     return cfg

@@ -127,8 +127,12 @@ def infeasible(family: Family, cfg) -> str | None:
 
 
 def default_config(family: Family):
+    """The tiling a family's candidates are measured against: decoding steps run the portable kernel's
+    (fwd_tilings.cache_chunk_runs_hopper)."""
     key = family.key
-    return bwd_tilings.default_config(key) if family.direction == "bwd" else fwd_tilings.default_config(key)
+    if family.direction == "bwd":
+        return bwd_tilings.default_config(key)
+    return fwd_tilings.portable_config(key) if family.direction == "decode" else fwd_tilings.default_config(key)
 
 
 def feasible_configs(family: Family) -> Iterator:

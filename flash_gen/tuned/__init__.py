@@ -112,9 +112,9 @@ def _live(key, entry: Entry):
     """The entry's config, or None where it is stale: tuned against another default than today's (a faster
     kernel family or tiling has become the default since), or rejected by the current feasibility rules."""
     if isinstance(key, spec_bwd.BwdKey):
-        default, cfg = bwd_tilings.default_config(key), bwd_tilings.config_from_name(entry.config)
+        defaults, cfg = (bwd_tilings.default_config(key),), bwd_tilings.config_from_name(entry.config)
         feasible = bwd_tilings.infeasible_reason(key, cfg) is None
     else:
-        default, cfg = fwd_tilings.default_config(key), fwd_tilings.config_from_name(entry.config)
+        defaults, cfg = fwd_tilings.measured_defaults(key), fwd_tilings.config_from_name(entry.config)
         feasible = fwd_tilings.infeasible_reason(key, cfg) is None
-    return cfg if feasible and entry.default_config == default.name else None
+    return cfg if feasible and entry.default_config in {d.name for d in defaults} else None

@@ -12,8 +12,10 @@
 // sits between tiles; otherwise each CTA serves one tile (the loops below run once, and the registers that carry
 // state across tiles are free). Same FwdParams, masks, score modifiers (softcap, ALiBi) and softmax conventions
 // as the portable kernel (fwd_sm80.cuh), with its own softmax step (online_softmax.cuh); dense or packed ragged
-// (varlen) batches, no KV cache yet. O leaves through shared memory and TMA stores (varlen: plain stores); with
-// kSplit (dense calls with few query tiles) several CTAs share a tile's keys and write fp32 partials instead.
+// (varlen) batches, or (kKvCache) a KV cache read tile by tile: per-entry key counts, left padding and cache
+// entries, or pages of whole key tiles found through the block table. O leaves through shared memory and TMA
+// stores (varlen: plain stores); with kSplit (dense calls with few query tiles) several CTAs share a tile's keys
+// and write fp32 partials instead.
 // With kPackGqa (GQA/MQA, few query rows) a tile serves every query head of one KV head: a warpgroup's 64 rows
 // stack the group's heads position by position (row = position x group + head), each K/V tile then feeds
 // group x as many rows. Q and O move through 5-D TMA maps (head_dim, heads of a group, seqlen, groups, batch)
@@ -28,6 +30,7 @@
 #include "flash_gen/attn_mask.cuh"
 #include "flash_gen/convert_pairs.cuh"
 #include "flash_gen/fwd_sm90_params.cuh"
+#include "flash_gen/kv_cache.cuh"
 #include "flash_gen/online_softmax.cuh"
 #include "flash_gen/score_mods.cuh"
 #include "flash_gen/seq_info.cuh"
@@ -41,7 +44,7 @@ namespace flash_gen {
 
 template <class Element_, int kHeadDim_, int kConsumers_, int kBlockN_, int kStages_, bool kPingPong_,
           bool kPersistent_, Mask kMask_, bool kSoftcap_, bool kAlibi_, bool kVarlen_, bool kOverlap_,
-          bool kPInSmem_, bool kPackGqa_, int kCluster_, bool kSplit_>
+          bool kPInSmem_, bool kPackGqa_, int kCluster_, bool kSplit_, bool kKvCache_>
 struct Sm90FwdTraits {
   using Element = Element_;
   // The head dim rounded up to 64 (flash_gen.spec_sm90.sm90_head_dim): the TMA boxes zero-fill the columns past
@@ -82,6 +85,12 @@ struct Sm90FwdTraits {
   // fp32 partial O and lse (fwd_combine.cuh merges them). One tile per CTA, no cluster.
   static constexpr bool kSplit = kSplit_;
   static_assert(!kSplit || (!kPersistent_ && kCluster == 1 && !kVarlen));
+  // K/V from a KV cache (flash_attn_with_kvcache; varlen: flash_attn_varlen_func with a block table): entry b's
+  // keys are rows [leftpad, seqused_k) (varlen: its cu_seqlens_k count) of cache entry kv_batch_idx[b], or of its
+  // pages (block_table; pages of a multiple of 128 rows, so a key tile lies in one page). One tile per CTA: the
+  // producer warpgroup zeroes the stale rows of the tile's last V tile once.
+  static constexpr bool kKvCache = kKvCache_;
+  static_assert(!kKvCache || (!kPersistent_ && kCluster == 1 && 128 % kBlockN_ == 0));
   static constexpr int kBoxCols = 64;  // a TMA box row is one 128-byte swizzle row
   static_assert(kHeadDim % kBoxCols == 0, "128-byte swizzled rows: head dim a multiple of 64");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma N and TMA box rows");
@@ -114,9 +123,15 @@ struct Sm90FwdTraits {
       cute::conditional_t<kBlockN % 32 == 0, GMMA::Layout_K_SW64_Atom<Element>, GMMA::Layout_K_SW32_Atom<Element>>>;
   using SmemLayoutP = decltype(tile_to_shape(SmemAtomP{}, Shape<Int<kBlockM>, Int<kBlockN>>{}));
 
-  struct Barriers {
+  struct StageBarriers {
     MBarrier q_full, q_empty, k_full[kStages], v_full[kStages], k_empty[kStages], v_empty[kStages];
   };
+  struct CacheBarriers : StageBarriers {
+    MBarrier v_tail;  // kKvCache: the last V tile's stale rows are zero (128 producer arrivals)
+  };
+  using Barriers = cute::conditional_t<kKvCache, CacheBarriers, StageBarriers>;
+  // Named barrier of the producer warpgroup (after the consumers' ping-pong, epilogue and P ids).
+  static constexpr int kProducerBarrierId = 3 * kConsumers + 1;
   static constexpr int kQBytes = int(sizeof(Element)) * kBlockM * kHeadDim;
   static constexpr int kKVTileBytes = int(sizeof(Element)) * kBlockN * kHeadDim;
   // O leaves through shared memory: a buffer of its own in persistent CTAs, so the next tile's Q can load while
@@ -150,9 +165,10 @@ struct Sm90Tile {
   // row0: the query position of the tile's first row (packed: of its first `group` rows).
   int m_block, head, head_k, batch, row0, n_min, n_max;
   int idle_wgs;  // leading consumer warpgroups whose rows all lie before position 0
-  // The entry's rows: dense, seqlen_q/k of every entry, reached through the TMA maps' batch coordinate
-  // (tma_batch); varlen, rows [q_start, q_start + seqlen_q) of the packed tensors (tma_batch 0).
-  int q_start = 0, k_start = 0, seqlen_q, seqlen_k, tma_batch;
+  // The entry's rows: dense, seqlen_q/k of every entry, reached through the TMA maps' batch coordinate (Q/O:
+  // q_batch(); K/V: kv_batch, the entry, or with a KV cache its cache entry); varlen, rows [q_start, q_start +
+  // seqlen_q) of the packed tensors (batch coordinate 0). A KV cache entry's keys start at cache row k_start.
+  int q_start = 0, k_start = 0, seqlen_q, seqlen_k, kv_batch;
   bool valid = true;  // varlen: false for the CTAs past the last tile (the grid is an upper bound)
 
   // Dense: tile t of m_blocks per (batch, head; packed: KV head). Varlen (warp-collective: every lane of the warp
@@ -169,10 +185,17 @@ struct Sm90Tile {
       valid = e.x >= 0;
       batch = max(e.x, 0);
       packed_range(p.cu_seqlens_q, batch, p.seqlen_q, q_start, seqlen_q);
-      packed_range(p.cu_seqlens_k, batch, p.seqlen_k, k_start, seqlen_k);
       m_blocks = (seqlen_q + T::kBlockM - 1) / T::kBlockM;
       m_block = MaskBounds<T::kMask>::kRight ? m_blocks - 1 - e.y : e.y;
-      tma_batch = 0;
+      if constexpr (T::kKvCache) {
+        SeqInfo seq;
+        kv_batch = kv_cache_rows<true>(p, batch, seq);
+        k_start = seq.k_start;
+        seqlen_k = seq.seqlen_k;
+      } else {
+        packed_range(p.cu_seqlens_k, batch, p.seqlen_k, k_start, seqlen_k);
+        kv_batch = 0;
+      }
     } else {
       int hb;
       const int heads = T::kPackGqa ? p.nheads_k : p.nheads;
@@ -193,9 +216,15 @@ struct Sm90Tile {
         hb %= heads * p.batch;
       }
       head = hb % heads;
-      batch = tma_batch = hb / heads;
+      batch = kv_batch = hb / heads;
       seqlen_q = p.seqlen_q;
       seqlen_k = p.seqlen_k;
+      if constexpr (T::kKvCache) {
+        SeqInfo seq;
+        kv_batch = kv_cache_rows<false>(p, batch, seq);
+        k_start = seq.k_start;
+        seqlen_k = seq.seqlen_k;
+      }
     }
     head_k = T::kPackGqa ? head : head / group;
     // Under right-bounded masks the ragged tile is the first: the shortest tile, so its idle rows cost the fewest
@@ -218,6 +247,13 @@ struct Sm90Tile {
   }
 
   __device__ __forceinline__ int diag() const { return seqlen_k - seqlen_q; }
+  __device__ __forceinline__ int q_batch() const { return T::kVarlen ? 0 : batch; }
+  // KV cache: rows of the last key tile past the entry's keys. TMA reads them from the cache (older steps, other
+  // entries' pages) instead of zero-filling; S masks them to -inf, so P is 0 there, but 0 x a stale inf or NaN in
+  // V would still be NaN: the producer warpgroup zeroes them before the last P V GEMM (zero_stale_v_rows).
+  __device__ __forceinline__ int stale_v_rows() const {
+    return T::kKvCache && n_min < n_max ? max(0, n_max * T::kBlockN - seqlen_k) : 0;
+  }
 };
 
 // The tile a CTA serves in `round` (from 0): blockIdx.x, and with kPersistent one per round of gridDim.x tiles,
@@ -259,12 +295,24 @@ __device__ __forceinline__ void fwd_sm90_produce(Sm90FwdParams const& params, ty
       CUTE_UNROLL
       for (int c = 0; c < kBoxes; ++c) {
         tma_load_5d(params.tma_q, bars.q_full, smem_q + (c * T::kBlockM + 64 * w) * T::kBoxCols, c * T::kBoxCols, 0,
-                    tile.q_start + tile.row0 + wg_rows * w, tile.head, tile.tma_batch);
+                    tile.q_start + tile.row0 + wg_rows * w, tile.head, tile.q_batch());
       }
     }
     for (int n = tile.n_min; n < tile.n_max; ++n, ++it) {
       const int stage = it % T::kStages;
       const uint32_t phase = (it / T::kStages) & 1;
+      // The key tile's first row and batch coordinate in the K/V maps: a paged cache's tile lies in one page
+      // (the page size a multiple of 128 rows, kBlockN a divisor of 128), found through the block table (entries
+      // clamped to the pages: a bad entry reads a wrong page, never outside the cache).
+      int row = tile.k_start + n * kBlockN, kv_batch = tile.kv_batch;
+      if constexpr (T::kKvCache) {
+        FwdParams const& p = params.base;
+        if (p.block_table != nullptr) {
+          const int index = row / p.page_size;
+          kv_batch = min(max(p.block_table[tile.batch * p.block_table_stride + index], 0), p.kv_batches - 1);
+          row -= index * p.page_size;
+        }
+      }
       // Key step n of K or V into its stage buffer, once the consumers (of every CTA of the cluster) have released
       // it. In a cluster this CTA loads its share of the rows into every CTA; the full barrier counts all shares.
       auto load = [&](const TensorMap& map, MBarrier& full, MBarrier& empty, typename T::Element* smem) {
@@ -274,12 +322,11 @@ __device__ __forceinline__ void fwd_sm90_produce(Sm90FwdParams const& params, ty
         CUTE_UNROLL
         for (int c = 0; c < kBoxes; ++c) {
           typename T::Element* dst = smem + stage * kBlockN * T::kHeadDim + c * kBlockN * T::kBoxCols;
-          const int row = tile.k_start + n * kBlockN;
           if constexpr (T::kCluster == 1) {
-            tma_load_4d(map, full, dst, c * T::kBoxCols, row, tile.head_k, tile.tma_batch);
+            tma_load_4d(map, full, dst, c * T::kBoxCols, row, tile.head_k, kv_batch);
           } else {
             tma_load_4d_multicast(map, full, dst + cta_rank * kShare * T::kBoxCols, c * T::kBoxCols,
-                                  row + cta_rank * kShare, tile.head_k, tile.tma_batch, (1 << T::kCluster) - 1);
+                                  row + cta_rank * kShare, tile.head_k, kv_batch, (1 << T::kCluster) - 1);
           }
         }
       };
@@ -287,6 +334,31 @@ __device__ __forceinline__ void fwd_sm90_produce(Sm90FwdParams const& params, ty
       load(params.tma_v, bars.v_full[stage], bars.v_empty[stage], smem_v);
     }
   }
+}
+
+// KV cache: the producer warpgroup zeroes the stale rows of the CTA's last V tile (Sm90Tile::stale_v_rows) once
+// it has landed, then hands it to the consumers' last P V GEMM (v_tail). Thread 0 issued that load, so once it has
+// returned from the producer loop a wait on the stage's full barrier can only be for that phase: warp 0 waits
+// (whole, so that it reaches the named barrier converged) and the other warps wait for it there. A 128-byte
+// swizzle permutes 16-byte chunks within a 128-byte row, so a tile row is one whole row of each 64-column slab.
+template <class T>
+__device__ __forceinline__ void zero_stale_v_rows(Sm90Tile<T> const& tile, typename T::Barriers& bars,
+                                                  typename T::Element* smem_v) {
+  const int stale = tile.stale_v_rows();
+  if (stale == 0) return;
+  const int last = tile.n_max - 1 - tile.n_min;  // key step of the last V tile (one tile per CTA)
+  const int stage = last % T::kStages;
+  if (threadIdx.x < 32) bars.v_full[stage].wait((last / T::kStages) & 1);
+  named_barrier_sync(T::kProducerBarrierId, 128);
+  constexpr int kRowBytes = T::kBoxCols * int(sizeof(typename T::Element)), kSlabs = T::kHeadDim / T::kBoxCols;
+  const int chunks = stale * kRowBytes / 16;  // per slab
+  char* first = reinterpret_cast<char*>(smem_v + stage * T::kBlockN * T::kHeadDim) + (T::kBlockN - stale) * kRowBytes;
+  for (int i = threadIdx.x; i < kSlabs * chunks; i += 128) {
+    const int slab = i / chunks;
+    reinterpret_cast<uint4*>(first + slab * T::kBlockN * kRowBytes)[i - slab * chunks] = make_uint4(0, 0, 0, 0);
+  }
+  fence_smem_for_async_proxy();  // before the P V GEMM reads them through the async proxy
+  bars.v_tail.arrive();
 }
 
 template <class T>
@@ -327,6 +399,7 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
       bars.k_empty[s].init(kConsumerWarps * T::kCluster);
       bars.v_empty[s].init(kConsumerWarps * T::kCluster);
     }
+    if constexpr (T::kKvCache) bars.v_tail.init(128);
     fence_barrier_init();
   }
   // The last CTA-wide barrier: from here the warpgroups meet only through mbarriers. In a cluster, every CTA's
@@ -338,6 +411,10 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
     release_registers<T::kProducerRegs>();
     if (threadIdx.x == 0) {
       fwd_sm90_produce<T>(params, bars, smem_q, smem_k, smem_v, m_blocks, tiles, group, wg_rows, first, tile_slot);
+    }
+    if constexpr (T::kKvCache) {
+      __syncwarp();  // warp 0 converged again before the named barrier
+      zero_stale_v_rows<T>(first, bars, smem_v);
     }
     if constexpr (T::kCluster > 1) cluster_sync();  // see the consumers' end
     return;
@@ -424,6 +501,12 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
   auto release = [&](MBarrier& bar) {
     if (warp_leader) bar.arrive();
   };
+  // KV cache: the P V GEMM of a tile's last key step waits until the producers have zeroed its stale V rows.
+  auto wait_v_tail = [&](Sm90Tile<T> const& tile) {
+    if constexpr (T::kKvCache) {
+      if (tile.stale_v_rows() > 0) bars.v_tail.wait(0);
+    }
+  };
   // Q, and in persistent CTAs the tile slot: every consumer thread arrives, once it has read both, so the producer
   // rewrites neither before each reader is done (a warp leader's arrival alone would order only its own reads).
   auto release_q = [&] { bars.q_empty.arrive(); };
@@ -490,6 +573,7 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
         make_p();
         rescale_o();  // O is zero at the first step, so a rescale there changes nothing
         bars.v_full[stage].wait((it / kStages) & 1);
+        if (n + 1 == tile.n_max) wait_v_tail(tile);
         wait_turn();
         issue_pv(stage);
         pass_turn();
@@ -540,6 +624,7 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
       make_p();
       rescale_o();
       bars.v_full[stage].wait((it / kStages) & 1);
+      wait_v_tail(tile);
       issue_pv(stage);
       warpgroup_wait<0>();
       warpgroup_fence_operand(acc_o);
