@@ -7,6 +7,7 @@ Must not import torch or cuda.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Union
 
 from flash_gen import spec, spec_sm90
@@ -16,10 +17,12 @@ from flash_gen.spec_sm90 import Sm90FwdConfig
 FwdTiling = Union[FwdConfig, Sm90FwdConfig]
 
 
+@functools.lru_cache(maxsize=None)
 def default_configs(key: FwdKey) -> tuple[FwdTiling, ...]:
     """`key`'s chain of default tilings, fastest first: the Hopper kernel's default where it supports `key`
     (1.5-1.9x the portable kernel on the H200, docs/benchmarks.md), then the portable kernel's
-    (spec.default_configs). The runtime takes the first that compiles without spills (flash_gen.build.spill_free)."""
+    (spec.default_configs). The runtime takes the first that compiles without spills (flash_gen.build.spill_free).
+    A function of the key alone, kept per key: planning a call (the split and pack-GQA heuristics) reads it."""
     hopper = spec_sm90.default_sm90_config(key)
     if hopper is None:
         return spec.default_configs(key)

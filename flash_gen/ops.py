@@ -18,6 +18,8 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
+from flash_gen import settings
+from flash_gen.memo import BoundedMemo, layout
 from flash_gen.validate import (
     VECTOR_BYTES,
     FwdArgs,
@@ -49,31 +51,22 @@ class _Checked:
 # because the scalars arrive with their types fixed (flash_gen.api normalises them; a direct op call goes through
 # the dispatcher's schema), so equal keys are equal arguments. Varlen calls are not memoised (FLASH_GEN_DEBUG adds
 # value checks there). Cleared when full, so shapes that never repeat cannot grow it.
-_checked_memo: dict[tuple, _Checked] = {}
-_MEMO_SIZE = 256
+_checked_memo: BoundedMemo = BoundedMemo(256)
 
 
 def _checked(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left,
              window_right, softcap, alibi_slopes) -> _Checked:
     memo_key = None
     if cu_seqlens_q is None and cu_seqlens_k is None:
-        # get_device(): an int, cheaper to get and hash than a torch.device (-1 off CUDA: never validated)
-        alibi = None if alibi_slopes is None else (alibi_slopes.shape, alibi_slopes.stride(), alibi_slopes.dtype,
-                                                   alibi_slopes.get_device())
-        memo_key = (q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), k.dtype, k.get_device(),
-                    v.shape, v.stride(), v.dtype, v.get_device(), softmax_scale, causal, window_left, window_right,
-                    softcap, alibi)
+        memo_key = (layout(q), layout(k), layout(v), softmax_scale, causal, window_left, window_right, softcap,
+                    layout(alibi_slopes))
         entry = _checked_memo.get(memo_key)
         if entry is not None and not (q.data_ptr() | k.data_ptr() | v.data_ptr()) % VECTOR_BYTES:
             return entry
     entry = _Checked(validate_fwd(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                                   softmax_scale=softmax_scale, causal=causal, window_size=(window_left, window_right),
                                   softcap=softcap, alibi_slopes=alibi_slopes))
-    if memo_key is not None:
-        if len(_checked_memo) >= _MEMO_SIZE:
-            _checked_memo.clear()
-        _checked_memo[memo_key] = entry
-    return entry
+    return entry if memo_key is None else _checked_memo.put(memo_key, entry)
 
 
 def _score_kwargs(args: FwdArgs, alibi_slopes: Optional[Tensor]) -> dict:
@@ -311,11 +304,21 @@ def fwd_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor]
                 num_splits: int) -> tuple[Tensor, Tensor]:
     """flash_attn_with_kvcache (cache_seqlens_int: the int form of cache_seqlens, -1 for none)."""
     seqlens = cache_seqlens if cache_seqlens is not None else (None if cache_seqlens_int < 0 else cache_seqlens_int)
-    checked = validate_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, seqlens, cache_batch_idx,
-                               cache_leftpad, block_table, softmax_scale=softmax_scale, causal=causal,
-                               window_size=(window_left, window_right), softcap=softcap,
-                               alibi_slopes=alibi_slopes, num_splits=num_splits,
-                               rotary_interleaved=rotary_interleaved)
+    tensors = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
+               block_table, alibi_slopes)
+    # Checks are kept per argument layout as _checked's are (a decoding loop repeats one layout); under
+    # FLASH_GEN_DEBUG=1 they run every call, as they read index values.
+    memo_key = None if settings.debug() else (*map(layout, tensors), cache_seqlens_int, softmax_scale, causal,
+                                               window_left, window_right, softcap, rotary_interleaved, num_splits)
+    checked = _kvcache_memo.get(memo_key)
+    if checked is None or (q.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr()) % VECTOR_BYTES:
+        checked = validate_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, seqlens, cache_batch_idx,
+                                   cache_leftpad, block_table, softmax_scale=softmax_scale, causal=causal,
+                                   window_size=(window_left, window_right), softcap=softcap,
+                                   alibi_slopes=alibi_slopes, num_splits=num_splits,
+                                   rotary_interleaved=rotary_interleaved)
+        if memo_key is not None:
+            _kvcache_memo.put(memo_key, checked)
     from flash_gen.runtime import kvcache
     from flash_gen.runtime.fwd import KvCache, attention_fwd_kvcache
 
@@ -335,6 +338,9 @@ def fwd_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor]
     cache = KvCache(seqused_k=seqused, used=used, leftpad_k=cache_leftpad, batch_idx=cache_batch_idx,
                     block_table=block_table, num_splits=checked.num_splits)
     return attention_fwd_kvcache(q, k_cache, v_cache, cache, **_score_kwargs(args, alibi_slopes))
+
+
+_kvcache_memo: BoundedMemo = BoundedMemo(256)  # validate_kvcache's results by argument layout
 
 
 @fwd_kvcache.register_fake

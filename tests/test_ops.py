@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from flash_gen import api, ops
+from flash_gen.memo import BoundedMemo
 
 B, SQ, SK, H, HK, D = 2, 100, 37, 6, 2, 72
 # cu_seqlens_q/k, softmax_scale, causal, window, softcap, alibi, deterministic
@@ -188,7 +189,7 @@ def test_repeated_layout_skips_validation_but_rechecks_alignment(monkeypatch):
     from flash_gen import validate
 
     monkeypatch.setattr(validate, "check_device", lambda *a, **k: None)  # CPU tensors stand in for CUDA ones
-    monkeypatch.setattr(ops, "_checked_memo", {})
+    monkeypatch.setattr(ops, "_checked_memo", BoundedMemo(256))
     calls = []
     real = ops.validate_fwd
     monkeypatch.setattr(ops, "validate_fwd", lambda *a, **k: calls.append(a) or real(*a, **k))
@@ -202,3 +203,38 @@ def test_repeated_layout_skips_validation_but_rechecks_alignment(monkeypatch):
     shifted = buf[1 : n + 1].view(B, SQ, H, 64)  # the same layout 2 bytes further on
     with pytest.raises(ValueError, match="^q: base address"):
         ops._checked(shifted, shifted, shifted, *attn)
+
+
+def test_kvcache_checks_are_kept_per_layout_except_under_debug(monkeypatch):
+    """flash_attn_with_kvcache's checks are memoised per layout like the dense ops' (a hit still rejects a
+    misaligned base address); under FLASH_GEN_DEBUG=1, which checks index values, they run every call."""
+    from flash_gen import validate
+    from flash_gen.runtime import fwd
+
+    monkeypatch.setattr(validate, "check_device", lambda *a, **k: None)  # CPU tensors stand in for CUDA ones
+    monkeypatch.setattr(ops, "_kvcache_memo", BoundedMemo(256))
+    monkeypatch.setattr(fwd, "attention_fwd_kvcache", lambda q, *a, **k: (q, None))
+    calls = []
+    real = ops.validate_kvcache
+    monkeypatch.setattr(ops, "validate_kvcache", lambda *a, **k: calls.append(a) or real(*a, **k))
+    n = B * SQ * H * 64
+    buf = torch.randn(n + 8, dtype=torch.bfloat16)
+    q = buf[:n].view(B, SQ, H, 64)
+    cache = torch.randn(B, 300, HK, 64, dtype=torch.bfloat16)
+    lens = torch.tensor([5, 200], dtype=torch.int32)
+    # k, v, rotary_cos/sin, cache_seqlens, its int form, batch_idx, leftpad, block_table, then the attention's
+    # scale, causal, window, softcap, rotary_interleaved, alibi, num_splits
+    tail = (None, None, None, None, lens, -1, None, None, None, None, True, -1, -1, 0.0, True, None, 0)
+    impl = ops._IMPLS[ops.fwd_kvcache]
+    for _ in range(3):
+        impl(q, cache, cache, *tail)
+    assert len(calls) == 1
+    impl(q, cache, cache, *tail[:4], None, 150, *tail[6:])  # an int length: another layout
+    assert len(calls) == 2
+    shifted = buf[1 : n + 1].view(B, SQ, H, 64)  # the same layout 2 bytes further on
+    with pytest.raises(ValueError, match="^q: base address"):
+        impl(shifted, cache, cache, *tail)
+    monkeypatch.setenv("FLASH_GEN_DEBUG", "1")
+    impl(q, cache, cache, *tail)
+    impl(q, cache, cache, *tail)
+    assert len(calls) == 5

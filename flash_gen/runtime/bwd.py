@@ -14,6 +14,7 @@ import torch
 from flash_gen import bwd_tilings, settings
 from flash_gen.bwd_tilings import BwdTiling
 from flash_gen.gen.render import bwd_aux_prefix, entry_name, render_bwd_aux, render_many
+from flash_gen.memo import BoundedMemo
 from flash_gen.runtime import driver, loader, tma
 from flash_gen.runtime.score_params import (
     DTYPES,
@@ -128,12 +129,10 @@ class _Shape:
 
     def __init__(self, params: BwdParams, grids: list[tuple[int, int, int]], part: int, rows: int) -> None:
         self.params, self.grids, self.part, self.rows = params, grids, part, rows
-        self.maps: dict = {}  # the Hopper kernel's encoded TMA maps per address set (tma.params_with_maps)
+        self.maps = BoundedMemo(tma.MAPS_PER_SHAPE)  # the Hopper kernel's encoded TMA maps per address set
 
 
-# Cleared when full, so shapes that never repeat cannot grow it.
-_shapes: dict[tuple, _Shape] = {}
-_SHAPES_MAX = 256
+_shapes: BoundedMemo = BoundedMemo(256)
 
 
 def _shape(var: _Variant, tensors: tuple[tuple[str, torch.Tensor], ...], lse: torch.Tensor, batch: int,
@@ -202,10 +201,8 @@ def attention_bwd(
               window_size, softmax_scale, softcap, None if alibi_slopes is None else alibi_slopes.stride())
     shape = _shapes.get(lookup)
     if shape is None:
-        if len(_shapes) >= _SHAPES_MAX:
-            _shapes.clear()
-        shape = _shapes[lookup] = _shape(var, tensors, lse, batch, varlen, causal=causal, window_size=window_size,
-                                         softmax_scale=softmax_scale, softcap=softcap, alibi_slopes=alibi_slopes)
+        shape = _shapes.put(lookup, _shape(var, tensors, lse, batch, varlen, causal=causal, window_size=window_size,
+                                           softmax_scale=softmax_scale, softcap=softcap, alibi_slopes=alibi_slopes))
     f32 = q.new_empty((2 * shape.part + shape.rows * var.head_dim_mma,), dtype=torch.float32)
     base = f32.data_ptr()
     # The shape's template with this call's addresses patched in at launch (driver.Kernel.launch).

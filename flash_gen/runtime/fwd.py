@@ -18,6 +18,7 @@ import torch
 from flash_gen import fwd_tilings, settings
 from flash_gen.fwd_tilings import FwdTiling
 from flash_gen.gen.render import combine_entry, entry_name, render_combine, render_many
+from flash_gen.memo import BoundedMemo, layout
 from flash_gen.runtime import driver, loader, tma
 from flash_gen.runtime.score_params import (
     DTYPES,
@@ -331,11 +332,23 @@ def attention_fwd(
     pack-GQA on or off for dense batches (None: where fwd_tilings.pack_gqa_pays says so). `num_splits` > 1
     splits a dense batch's keys over that many CTAs per query tile (then a combine kernel merges them), 1 never
     splits, 0 splits where few query tiles leave SMs idle (_split_plan; not when `config` or `pack_gqa` is forced).
+    The plan is kept per argument layout (_plans).
     """
-    plan = plan_fwd(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
-                    alibi_slopes=alibi_slopes, cu_seqlens_q=cu_seqlens_q, block_table=block_table, out=out,
-                    config=config, pack_gqa=pack_gqa, num_splits=num_splits)
+    lookup = (layout(q), layout(k), layout(v), None if out is None else out.stride(), softmax_scale, causal,
+              window_size, softcap, layout(alibi_slopes), layout(cu_seqlens_q), layout(block_table), config,
+              pack_gqa, num_splits)
+    plan = _plans.get(lookup)
+    if plan is None:
+        plan = _plans.put(lookup, plan_fwd(q, k, v, softmax_scale=softmax_scale, causal=causal,
+                                           window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+                                           cu_seqlens_q=cu_seqlens_q, block_table=block_table, out=out,
+                                           config=config, pack_gqa=pack_gqa, num_splits=num_splits))
     return run_fwd(plan, q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, block_table, out)
+
+
+# attention_fwd's plans by argument layout (all plan_fwd reads): planning walks the tiling chain and the split
+# heuristic, ~100 µs a call, which the int-length KV-cache route and the varlen paged op would pay every step.
+_plans: BoundedMemo = BoundedMemo(256)
 
 
 def _sm90_params(plan: FwdPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -513,12 +526,10 @@ class _Shape:
     __slots__ = ("params", "lse_shape", "maps")
 
     def __init__(self, params: FwdParams, lse_shape: tuple[int, ...]) -> None:
-        self.params, self.lse_shape, self.maps = params, lse_shape, {}
+        self.params, self.lse_shape, self.maps = params, lse_shape, BoundedMemo(tma.MAPS_PER_SHAPE)
 
 
-# Cleared when full, so shapes that never repeat cannot grow it.
-_shapes: dict[tuple, _Shape] = {}
-_SHAPES_MAX = 256
+_shapes: BoundedMemo = BoundedMemo(256)
 
 
 def _contiguous_strides(shape: torch.Size) -> tuple[int, ...]:
@@ -549,10 +560,8 @@ def _shape(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out_stride: tuple[
         set_score_fields(template, batch=batch, nheads=nheads, nheads_k=nheads_k, seqlen_q=seqlen_q,
                          seqlen_k=seqlen_k, **score)
         template.head_dim = q.shape[-1]
-        if len(_shapes) >= _SHAPES_MAX:
-            _shapes.clear()
         lse_shape = (nheads, seqlen_q) if varlen else (batch, nheads, seqlen_q)
-        shape = _shapes[key] = _Shape(template, lse_shape)
+        shape = _shapes.put(key, _Shape(template, lse_shape))
     return shape
 
 

@@ -17,6 +17,7 @@ import operator
 import torch
 from cuda.bindings import driver as cu
 
+from flash_gen.memo import BoundedMemo
 from flash_gen.runtime import driver
 
 MAP_BYTES, MAP_ALIGN = 128, 64  # sizeof and alignof(CUtensorMap)
@@ -68,7 +69,7 @@ def encode_rows(dest: ctypes.Array | ctypes.Structure, offset: int, t: torch.Ten
 MAPS_PER_SHAPE = 64  # address sets kept per shape (a training loop cycles through a few)
 
 
-def params_with_maps(struct: type, base: ctypes.Structure, cache: dict, key: tuple,
+def params_with_maps(struct: type, base: ctypes.Structure, cache: BoundedMemo, key: tuple,
                      maps: tuple[tuple, ...]) -> ctypes.Structure:
     """A Hopper kernel's parameter `struct`: TMA map fields first (`maps`: field, tensor (b, s, h, d) or packed
     (s, h, d), then encode_rows' box rows and, for a 5-D map, group), then `base`, the shape's template (the same
@@ -82,7 +83,5 @@ def params_with_maps(struct: type, base: ctypes.Structure, cache: dict, key: tup
         for field, t, *box in maps:
             encode_rows(params, getattr(struct, field).offset, t if t.dim() == 4 else t[None], *box)
         params.base = base
-        if len(cache) >= MAPS_PER_SHAPE:
-            cache.clear()
-        cache[key] = params
+        cache.put(key, params)
     return params
