@@ -306,12 +306,14 @@ def fwd_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor]
     seqlens = cache_seqlens if cache_seqlens is not None else (None if cache_seqlens_int < 0 else cache_seqlens_int)
     tensors = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
                block_table, alibi_slopes)
-    # Checks are kept per argument layout as _checked's are (a decoding loop repeats one layout); under
-    # FLASH_GEN_DEBUG=1 they run every call, as they read index values.
-    memo_key = None if settings.debug() else (*map(layout, tensors), cache_seqlens_int, softmax_scale, causal,
+    # Checks are kept per argument layout as _checked's are (a decoding loop repeats one layout; an int length,
+    # which may grow every step, is only range-checked on a hit); under FLASH_GEN_DEBUG=1 they run every call, as
+    # they read index values.
+    memo_key = None if settings.debug() else (*map(layout, tensors), cache_seqlens_int < 0, softmax_scale, causal,
                                                window_left, window_right, softcap, rotary_interleaved, num_splits)
     checked = _kvcache_memo.get(memo_key)
-    if checked is None or (q.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr()) % VECTOR_BYTES:
+    if (checked is None or (q.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr()) % VECTOR_BYTES
+            or cache_seqlens_int + checked.new_rows > checked.attn.seqlen_k):
         checked = validate_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, seqlens, cache_batch_idx,
                                    cache_leftpad, block_table, softmax_scale=softmax_scale, causal=causal,
                                    window_size=(window_left, window_right), softcap=softcap,

@@ -143,8 +143,8 @@ def kvcache_cases(seqlen_q: int = 4, page_sizes: tuple[int, ...] = (0, 1, 16, 25
                                         cache_leftpad=leftpad if page != 256 else None, cache_batch_idx=batch_idx,
                                         block_table=tbl, causal=True, num_splits=splits)
                 calls += 1
-    # One int length for every entry of a contiguous cache: a dense call over the cache's first rows (sm90: the
-    # Hopper kernel, TMA bounded by those rows), split and not.
+    # One int length for every entry of a contiguous cache: read tile by tile with the length as a per-call field
+    # (a dense call over the cache's first rows only where the query tiles fill the SMs), split and not.
     k_cache = torch.randn(batch, capacity, hk, 128, device="cuda", dtype=torch.bfloat16)
     for splits in (1, 3):
         flash_attn_with_kvcache(q, k_cache, k_cache.clone(), k_new, k_new, cache_seqlens=capacity - 9, causal=True,

@@ -34,6 +34,9 @@ SM90_BENCH_CONFIGS = ("wgm128n128s2_persist", "wgm192n128s2p_persist", "wgm128n1
                       "wgm128n128s2_c2_persist", "wgm192n128s2p_c2", "wgm128n64s2_c2", "wgm128n128s2_c2")
 
 
+H200_SMS = 132  # the GPU the prebuilt kernels serve (runtime.fwd's dense route for int cache lengths)
+
+
 def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvcache", "bench", "sm90")) -> set:
     """(key, config) pairs requested by tests/test_{fwd,bwd,varlen,kvcache}_gpu.py (suites "fwd", "bwd",
     "varlen", "kvcache") and by `flash-gen bench`'s default shapes and the benchmarks/ scripts ("bench")."""
@@ -116,7 +119,8 @@ def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvca
             portable = not cache_chunk_runs_hopper(kv, c.seqlen_q, tk.NHEADS // c.nheads_k, pack)
             for split in {c.splits != 1, c.splits > 1}:  # the heuristic (0) may or may not split
                 out.add(default(c.dtype, c.head_dim, mask, *feats, kv=kv, split=split, pack=pack, portable=portable))
-            if c.int_seqlens and not (c.page or c.batch_idx or c.leftpad):  # served as a dense call
+            dense = tk.BATCH * tk.NHEADS * -(-c.seqlen_q // 128) >= H200_SMS  # query tiles fill the SMs
+            if c.int_seqlens and dense and not (c.page or c.batch_idx or c.leftpad):  # served as a dense call
                 pack = pack_gqa_pays(FwdKey(arch, c.dtype, c.head_dim, mask, *feats), c.seqlen_q,
                                      tk.NHEADS // c.nheads_k)
                 out.add(default(c.dtype, c.head_dim, mask, *feats, split=c.splits > 1, pack=pack))

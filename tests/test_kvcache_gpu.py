@@ -60,8 +60,12 @@ CASES = [
     Case(0, mask="none", feature="alibi", splits=2, dtype="fp16", head_dim=64),
     Case(16, seqlen_q=4, new=2, mask="causal", splits=3, nheads_k=1),
     Case(0, seqlen_q=4, new=2, mask="win32_0", splits=1, nheads_k=8),
-    # One host-known length for every entry of a contiguous cache: on sm90 the dense Hopper kernel (split or not)
+    # One host-known length for every entry of a contiguous cache: read tile by tile with the length as a per-call
+    # field, or (600+ positions, whose query tiles fill an H200's SMs) the dense Hopper kernel over views of it.
     Case(0, seqlen_q=4, new=4, int_seqlens=True, splits=0),
+    Case(0, seqlen_q=650, int_seqlens=True, splits=0),
+    Case(0, seqlen_q=660, new=20, mask="none", int_seqlens=True, splits=0, nheads_k=8),
+    Case(0, seqlen_q=100, new=3, mask="none", int_seqlens=True, splits=0),
     Case(0, new=2, mask="win32_0", feature="softcap", int_seqlens=True, splits=3, nheads_k=8),
     Case(0, mask="none", feature="alibi", int_seqlens=True, splits=2, dtype="fp16", head_dim=64),
     Case(0, seqlen_q=4, new=2, rotary="interleaved", int_seqlens=True, nheads_k=1),
@@ -242,6 +246,24 @@ def test_chunks_over_a_cache_run_the_hopper_kernel_and_decoding_steps_the_portab
     flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, block_table=table, causal=True)
     assert [isinstance(v.cfg, Sm90FwdConfig) for v in ran] == [hopper]
 
+
+
+@pytest.mark.parametrize("seqlen_q,dense", [(4, False), (100, False), (650, True)])
+def test_an_int_length_runs_dense_where_the_query_tiles_fill_the_sms(monkeypatch, seqlen_q, dense):
+    """With one int length for every entry of a contiguous cache the dense Hopper kernel runs over views of its
+    first rows once the query tiles (8 heads x 3 entries x 128-row tiles) fill an H200's 132 SMs; smaller calls
+    read the cache tile by tile."""
+    from flash_gen.runtime import fwd
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the dense route is the Hopper kernel's")
+    monkeypatch.setattr(fwd.driver, "sm_count", lambda device: 132)
+    dense_calls = []
+    real = fwd.attention_fwd
+    monkeypatch.setattr(fwd, "attention_fwd", lambda *a, **kw: dense_calls.append(1) or real(*a, **kw))
+    q, k_cache, v_cache, *_ = _setup(Case(0, seqlen_q=seqlen_q, int_seqlens=True), fresh_seed())
+    flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=600)
+    assert bool(dense_calls) == dense
 
 def test_splits_agree_with_one_split():
     """Any split count gives the unsplit result up to fp32 reassociation."""

@@ -230,11 +230,14 @@ def test_kvcache_checks_are_kept_per_layout_except_under_debug(monkeypatch):
         impl(q, cache, cache, *tail)
     assert len(calls) == 1
     impl(q, cache, cache, *tail[:4], None, 150, *tail[6:])  # an int length: another layout
+    impl(q, cache, cache, *tail[:4], None, 151, *tail[6:])  # which may grow without new checks
     assert len(calls) == 2
+    with pytest.raises(ValueError, match="^cache_seqlens: 301 "):  # but not past the cache
+        impl(q, cache, cache, *tail[:4], None, 301, *tail[6:])
     shifted = buf[1 : n + 1].view(B, SQ, H, 64)  # the same layout 2 bytes further on
     with pytest.raises(ValueError, match="^q: base address"):
         impl(shifted, cache, cache, *tail)
     monkeypatch.setenv("FLASH_GEN_DEBUG", "1")
     impl(q, cache, cache, *tail)
     impl(q, cache, cache, *tail)
-    assert len(calls) == 5
+    assert len(calls) == 6

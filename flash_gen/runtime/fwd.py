@@ -401,9 +401,10 @@ def attention_fwd_kvcache(
     out over several CTAs and a combine kernel merges their fp32 partial results. Under GQA/MQA (without ALiBi)
     one CTA serves every query head of a KV head (pack_gqa), so each K/V tile is read once per KV head. A
     contiguous cache whose entries all use the same host-known length (_dense_rows) runs as a dense call where
-    the Hopper kernel supports it (unless `config` forces a cache tiling). Other caches read tile by tile (kv
-    "cache") run the Hopper kernel's cache form for chunks of many query rows and the portable kernel for
-    decoding steps (fwd_tilings.cache_chunk_runs_hopper); `config` forces either."""
+    the Hopper kernel supports it and the query tiles fill the SMs unsplit (unless `config` forces a cache
+    tiling). Other calls read the cache tile by tile (kv "cache"): the Hopper kernel's cache form for chunks of
+    many query rows, the portable kernel for decoding steps (fwd_tilings.cache_chunk_runs_hopper); `config`
+    forces either."""
     batch, seqlen_q, nheads, head_dim = q.shape
     nheads_k = k_cache.shape[2]
     group = nheads // nheads_k
@@ -414,9 +415,13 @@ def attention_fwd_kvcache(
     seqlen_k = capacity if cache.used is None else min(cache.used, capacity)
     device, dtype, mask = q.device.index, DTYPES[q.dtype], mask_kind(causal, window_size)
     feats = (softcap > 0, alibi_slopes is not None, False)
-    if config is None and seqlen_k > 0 and _dense_rows(cache) and _hopper_runs(device, dtype, head_dim, mask, *feats):
-        # Every entry's first seqlen_k rows, in order: dense K/V views for the Hopper kernel (its split form where
-        # few query tiles leave SMs idle), whose TMA loads zero-fill past them as the cache kernel's copies do.
+    if (config is None and seqlen_k > 0 and _dense_rows(cache)
+            and batch * nheads * -(-seqlen_q // _DENSE_TILE_ROWS) >= driver.sm_count(device)
+            and _hopper_runs(device, dtype, head_dim, mask, *feats)):
+        # Every entry's first seqlen_k rows, in order: dense K/V views for the Hopper kernel, whose TMA loads
+        # zero-fill past them, with its persistent and tuned tilings. Smaller calls, which would split, run as fast
+        # in the cache form (H200, 2026-12-01: 64-256 rows, docs/benchmarks.md), whose maps and parameter template
+        # cover the whole cache, so a length growing step by step plans nothing anew (the views' plans would).
         return attention_fwd(q, k_cache[:, :seqlen_k], v_cache[:, :seqlen_k], softmax_scale=softmax_scale,
                              causal=causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
                              num_splits=cache.num_splits)
@@ -432,11 +437,13 @@ def attention_fwd_kvcache(
         cfg, _ = _cache_tiling(*tiling, True)
         m_blocks = _query_tiles(cfg, seqlen_q, group if pack else 1)
     var = _variant(device, dtype, head_dim, mask, *feats, cfg, kv, splits > 1, pack)
-    shape = _shape(q, k_cache, v_cache, _contiguous_strides(q.shape), batch, seqlen_k, causal=causal,
+    # The template is the capacity's (kv_cache_rows clamps lengths to p.seqlen_k); an int length is this call's.
+    shape = _shape(q, k_cache, v_cache, _contiguous_strides(q.shape), batch, capacity, causal=causal,
                    window_size=window_size, softmax_scale=softmax_scale, softcap=softcap, alibi_slopes=alibi_slopes)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = q.new_empty(shape.lse_shape, dtype=torch.float32)  # cheaper than torch.empty(..., device=)
     p = _fill(shape, q, k_cache, v_cache, out, lse, alibi_slopes)
+    p.seqlen_k = seqlen_k
     for name, t in (("seqused_k", cache.seqused_k), ("leftpad_k", cache.leftpad_k),
                     ("kv_batch_idx", cache.batch_idx), ("block_table", cache.block_table)):
         if t is not None:
@@ -471,6 +478,9 @@ def _launch_split(var: _Variant, combine: driver.Kernel, grid: tuple[int, int, i
     rows_per_cta = _COMBINE_WARPS if seqlen_q >= _COMBINE_WARPS else 1  # combine_warps_per_row in the kernel
     combine.launch((-(-seqlen_q // rows_per_cta), nheads, batch), (_COMBINE_THREADS, 1, 1), 0, stream, fwd_params,
                    patches)
+
+
+_DENSE_TILE_ROWS = 2 * ROWS_PER_CONSUMER  # the Hopper kernel's query tile, two consumer warpgroups
 
 
 def _dense_rows(cache: KvCache) -> bool:
