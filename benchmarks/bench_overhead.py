@@ -3,14 +3,18 @@
 Measures the CPU time of one call on a tiny shape for flash_gen, torch SDPA's FLASH_ATTENTION and CUDNN_ATTENTION
 backends and flash_attn.flash_attn_func (when installed), in one run.
 
-    python3 benchmarks/bench_overhead.py [--calls 200] [--rounds 15] [--cases fwd,causal,fwd+bwd] [--json PATH]
+    python3 benchmarks/bench_overhead.py [--calls 200] [--rounds 15] [--cases fwd,causal,fwd+bwd,decode,decode-int]
+                                         [--json PATH]
     python3 benchmarks/bench_overhead.py --profile fwd+bwd   # where flash_gen's host time goes (cProfile)
     python3 benchmarks/bench_overhead.py --steps             # host µs of each step of a forward call
 
 Shape: batch 1, seqlen 128, 4 heads, head dim 64, bf16, q/k/v (batch, seqlen, heads, head_dim) as flash_attn takes
 them. SDPA gets them as (batch, heads, seqlen, head_dim) transposed views and its output is transposed back, both
 inside the timed call: a drop-in user pays them. Cases: forward, causal forward, and forward + backward through
-autograd (torch.autograd.grad, so nothing accumulates into .grad).
+autograd (torch.autograd.grad, so nothing accumulates into .grad). Decoding steps (flash_attn_with_kvcache, batch 1,
+one query, GQA 32/8, head dim 128, a 4096-row cache): "decode" with a tensor of lengths (2048), "decode-int" with an
+int length that grows by one every call, as an eager loop without a tensor of lengths passes it; SDPA runs over the
+cache's first 2048 rows (enable_gqa).
 
 Method: warm up (the first calls load or compile kernels; set FLASH_GEN_CACHE_DIR to keep compiled kernels
 between runs), then per round enqueue a GPU busy-wait (torch.cuda._sleep, sized well above the host loop) and time
@@ -27,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import itertools
 import json
 import pstats
 import statistics
@@ -41,7 +46,8 @@ import flash_gen
 
 BATCH, SEQLEN, HEADS, HDIM = 1, 128, 4, 64
 TARGET_US = 15.0
-CASES = ("fwd", "causal", "fwd+bwd")
+CASES = ("fwd", "causal", "fwd+bwd", "decode", "decode-int")
+DECODE_HEADS, DECODE_HEADS_K, DECODE_HDIM, DECODE_CAPACITY, DECODE_LENGTH = 32, 8, 128, 4096, 2048
 MIN_SLEEP_US = 5_000.0
 
 
@@ -84,6 +90,47 @@ def implementations(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     return impls
 
 
+def decode_implementations(int_length: bool, gen: torch.Generator) -> dict[str, tuple[Callable, Callable]]:
+    """One decoding step of each implementation, as `implementations` gives: flash_gen with a tensor of lengths or
+    a growing int length (wrapping around within the cache), SDPA over the used rows."""
+    randn = lambda *shape: torch.randn(*shape, generator=gen, device="cuda", dtype=torch.bfloat16)  # noqa: E731
+    q = randn(1, 1, DECODE_HEADS, DECODE_HDIM)
+    k_cache, v_cache = (randn(1, DECODE_CAPACITY, DECODE_HEADS_K, DECODE_HDIM) for _ in range(2))
+    fg = flash_gen.flash_attn_with_kvcache
+    if int_length:
+        lengths = itertools.cycle(range(DECODE_LENGTH, DECODE_CAPACITY))
+
+        def step() -> torch.Tensor:
+            return fg(q, k_cache, v_cache, cache_seqlens=next(lengths))
+    else:
+        lens = torch.full((1,), DECODE_LENGTH, dtype=torch.int32, device="cuda")
+
+        def step() -> torch.Tensor:
+            return fg(q, k_cache, v_cache, cache_seqlens=lens)
+
+    kt, vt = (t[:, :DECODE_LENGTH].transpose(1, 2) for t in (k_cache, v_cache))
+
+    def sdpa() -> torch.Tensor:
+        return F.scaled_dot_product_attention(q.transpose(1, 2), kt, vt, enable_gqa=True).transpose(1, 2)
+
+    return {"flash_gen": (step, contextlib.nullcontext),
+            "SDPA-FLASH": (sdpa, lambda: sdpa_kernel(SDPBackend.FLASH_ATTENTION)),
+            "SDPA-CUDNN": (sdpa, lambda: sdpa_kernel(SDPBackend.CUDNN_ATTENTION))}
+
+
+def case_implementations(case: str, fa: Callable | None) -> dict[str, tuple[Callable, Callable]]:
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    if case.startswith("decode"):
+        return decode_implementations(case == "decode-int", gen)
+    q, k, v = (torch.randn(BATCH, SEQLEN, HEADS, HDIM, generator=gen, device="cuda", dtype=torch.bfloat16,
+                           requires_grad=case == "fwd+bwd") for _ in range(3))
+    impls = implementations(q, k, v, case == "causal", fa)
+    if case == "fwd+bwd":
+        grad = torch.randn_like(q)
+        impls = {name: (with_backward(call, (q, k, v), grad), ctx) for name, (call, ctx) in impls.items()}
+    return impls
+
+
 def with_backward(call: Callable[[], torch.Tensor], inputs: tuple[torch.Tensor, ...],
                   grad: torch.Tensor) -> Callable[[], tuple[torch.Tensor, ...]]:
     return lambda: torch.autograd.grad(call(), inputs, grad)
@@ -106,13 +153,7 @@ def timed_round(fn: Callable, calls: int, sleep_us: float, cycles_per_us: float)
 
 def measure_case(case: str, args: argparse.Namespace, cycles_per_us: float, fa: Callable | None,
                  notes: list[str]) -> dict[str, dict]:
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(BATCH, SEQLEN, HEADS, HDIM, generator=gen, device="cuda", dtype=torch.bfloat16,
-                           requires_grad=case == "fwd+bwd") for _ in range(3))
-    impls = implementations(q, k, v, case == "causal", fa)
-    if case == "fwd+bwd":
-        grad = torch.randn_like(q)
-        impls = {name: (with_backward(call, (q, k, v), grad), ctx) for name, (call, ctx) in impls.items()}
+    impls = case_implementations(case, fa)
     # A fwd+bwd step enqueues several kernels: fewer of them keep the launch queue from filling.
     state = {name: {"calls": args.calls // (4 if case == "fwd+bwd" else 1), "sleep_us": 0.0, "rounds": []}
              for name in impls}
@@ -175,11 +216,7 @@ def profile_case(case: str, args: argparse.Namespace, cycles_per_us: float) -> N
         module, attr = name.rsplit(".", 1)
         mod = importlib.import_module(f"flash_gen.{module}")
         setattr(mod, attr, _timed(totals, name, getattr(mod, attr)))
-    q, k, v = (torch.randn(BATCH, SEQLEN, HEADS, HDIM, device="cuda", dtype=torch.bfloat16,
-                           requires_grad=case == "fwd+bwd") for _ in range(3))
-    fn = implementations(q, k, v, case == "causal", None)["flash_gen"][0]
-    if case == "fwd+bwd":
-        fn = with_backward(fn, (q, k, v), torch.randn_like(q))
+    fn = case_implementations(case, None)["flash_gen"][0]
     for _ in range(args.warmup):
         fn()
     for t in totals.values():
@@ -212,7 +249,7 @@ def forward_steps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict[str
     sm90 = isinstance(plan.var.cfg, rt.Sm90FwdConfig)
 
     def template():  # what run_fwd passes for a dense call: the shape's struct (with TMA maps on Hopper)
-        return rt._sm90_params(plan.shape, plan.var, q, k, v, out) if sm90 else plan.shape.params
+        return rt._sm90_params(plan, q, k, v, out) if sm90 else plan.shape.params
 
     def patches():  # run_fwd's per-call addresses
         return (rt._OFF_Q, q.data_ptr(), rt._OFF_K, k.data_ptr(), rt._OFF_V, v.data_ptr(), rt._OFF_O, out.data_ptr(),
