@@ -3,7 +3,8 @@
 Inputs arrive validated and normalised by flash_gen.validate. A call is planned (plan_fwd: the loaded kernel,
 the parameter template and the grid, all fixed by shapes, strides and score arguments) and run (run_fwd: out and
 lse allocated, the template copied with this call's addresses, one cuLaunchKernel on PyTorch's current stream; no
-host synchronisation). flash_gen.ops keeps each argument layout's plan, so a repeated eager call only runs it.
+host synchronisation). Plans are kept per argument layout (flash_gen.ops, attention_fwd, attention_fwd_kvcache), so a
+repeated eager call only runs one: the addresses (tensors, KV-cache indices) are patched in at launch.
 Must not import optuna.
 """
 
@@ -73,6 +74,8 @@ class Sm90FwdParams(ctypes.Structure):
 _OFF_Q, _OFF_K, _OFF_V, _OFF_O, _OFF_LSE, _OFF_ALIBI, _OFF_CU_Q, _OFF_CU_K, _OFF_O_PARTIAL, _OFF_LSE_PARTIAL = (
     getattr(FwdParams, f).offset for f in ("q", "k", "v", "o", "lse", "alibi_slopes", "cu_seqlens_q", "cu_seqlens_k",
                                            "o_partial", "lse_partial"))
+_OFF_SEQUSED_K, _OFF_LEFTPAD_K, _OFF_KV_BATCH_IDX, _OFF_BLOCK_TABLE = (
+    getattr(FwdParams, f).offset for f in ("seqused_k", "leftpad_k", "kv_batch_idx", "block_table"))
 _SM90_BASE = Sm90FwdParams.base.offset
 
 
@@ -184,8 +187,9 @@ def plan_fwd(
     features = (device, DTYPES[q.dtype], q.shape[-1], mask_kind(causal, window_size), softcap > 0,
                 alibi_slopes is not None, varlen)
     out_stride = out.stride() if out is not None else _contiguous_strides(q.shape)
-    shape = _shape(q, k, v, out_stride, batch, seqlen_k, causal=causal, window_size=window_size,
-                   softmax_scale=softmax_scale, softcap=softcap, alibi_slopes=alibi_slopes)
+    shape = _shape(q, k, v, out_stride, batch, seqlen_k, _cache_fields(k, block_table) if block_table is not None
+                   else (), causal=causal,
+                   window_size=window_size, softmax_scale=softmax_scale, softcap=softcap, alibi_slopes=alibi_slopes)
     if num_splits < 0 or (num_splits > 1 and (varlen or kv != "dense")):
         raise ValueError(f"num_splits must be >= 0 (0: chosen here), and 0 or 1 for packed or paged batches; got "
                          f"{num_splits}")
@@ -270,21 +274,15 @@ def run_fwd(
     cu_seqlens_k: torch.Tensor | None = None,
     block_table: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
+    cache: KvCache | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Launch a planned forward on tensors laid out as the plan's; returns (out, softmax_lse)."""
+    """Launch a planned forward on tensors laid out as the plan's; returns (out, softmax_lse). `cache`: a KV-cache
+    call's index tensors (block_table is then the cache's)."""
     var, shape = plan.var, plan.shape
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)  # cheaper than torch.empty(shape, ...)
     lse = torch.empty_like(plan.lse_like)
     stream = torch._C._cuda_getCurrentRawStream(q.device.index)  # as Inductor's code reads it: no Stream object
-    if block_table is not None:  # paged: the whole struct, set field by field
-        p = _fill(shape, q, k, v, out, lse, alibi_slopes)
-        p.block_table, p.block_table_stride = block_table.data_ptr(), block_table.stride(0)
-        p.kv_batches, p.page_size = k.shape[0], k.shape[1]
-        if cu_seqlens_q is not None:
-            p.cu_seqlens_q, p.cu_seqlens_k = cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr()
-        var.kernel.launch(plan.grid, var.block, var.smem, stream, _with_call_params(var, 1, p, shape, q, k, v, out))
-        return out, lse
     # The shape's template with this call's addresses patched in at launch (driver.Kernel.launch).
     patches = (_OFF_Q, q.data_ptr(), _OFF_K, k.data_ptr(), _OFF_V, v.data_ptr(), _OFF_O, out.data_ptr(), _OFF_LSE,
                lse.data_ptr())
@@ -292,6 +290,13 @@ def run_fwd(
         patches += (_OFF_ALIBI, alibi_slopes.data_ptr())
     if cu_seqlens_q is not None:
         patches += (_OFF_CU_Q, cu_seqlens_q.data_ptr(), _OFF_CU_K, cu_seqlens_k.data_ptr())
+    if block_table is not None:
+        patches += (_OFF_BLOCK_TABLE, block_table.data_ptr())
+    if cache is not None:
+        for offset, t in ((_OFF_SEQUSED_K, cache.seqused_k), (_OFF_LEFTPAD_K, cache.leftpad_k),
+                          (_OFF_KV_BATCH_IDX, cache.batch_idx), (_OFF_BLOCK_TABLE, cache.block_table)):
+            if t is not None:
+                patches += (offset, t.data_ptr())
     params, base = plan.params or shape.params, 0
     if isinstance(var.cfg, Sm90FwdConfig):
         params, base = _sm90_params(plan, q, k, v, out), _SM90_BASE
@@ -356,31 +361,14 @@ def _sm90_params(plan: FwdPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     """The Hopper kernel's parameter template: 5-D TMA maps of q and out (boxes of a consumer warpgroup's rows: 64
     positions of one head, or packed 64 // group positions of a group's heads) and 4-D ones of k and v (a key
     tile's rows), then the plan's FwdParams, kept per shape, variant, split count and address set
-    (tma.params_with_maps)."""
-    return _with_maps(plan.var, plan.splits, plan.params or plan.shape.params, plan.shape, q, k, v, out)
-
-
-def _with_maps(var: _Variant, splits: int, base: FwdParams, shape: _Shape, q: torch.Tensor, k: torch.Tensor,
-               v: torch.Tensor, out: torch.Tensor) -> Sm90FwdParams:
-    """tma.params_with_maps for a Hopper variant: the maps kept in the shape's cache, `base` after them."""
+    (tma.params_with_maps). A shape's template is the same for every plan of a variant and split count."""
+    var = plan.var
     group = q.shape[-2] // k.shape[-2] if var.pack_gqa else 1
     positions, rows = ROWS_PER_CONSUMER // group, var.cfg.block_n // var.cfg.cluster  # a CTA's share of K/V tiles
-    return tma.params_with_maps(Sm90FwdParams, base, shape.maps,
-                                (var, splits, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()),
+    return tma.params_with_maps(Sm90FwdParams, plan.params or plan.shape.params, plan.shape.maps,
+                                (var, plan.splits, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()),
                                 (("tma_q", q, positions, group), ("tma_k", k, rows), ("tma_v", v, rows),
                                  ("tma_o", out, positions, group)))
-
-
-def _with_call_params(var: _Variant, splits: int, p: FwdParams, shape: _Shape, q: torch.Tensor, k: torch.Tensor,
-                      v: torch.Tensor, out: torch.Tensor) -> ctypes.Structure:
-    """The launch struct of a call whose FwdParams `p` holds every address (KV caches: lengths, padding, entries,
-    pages): `p` itself for the portable kernel; for the Hopper kernel a copy of the maps kept per shape and
-    addresses (_with_maps) with `p` after them."""
-    if not isinstance(var.cfg, Sm90FwdConfig):
-        return p
-    params = Sm90FwdParams.from_buffer_copy(_with_maps(var, splits, p, shape, q, k, v, out))
-    params.base = p
-    return params
 
 
 def attention_fwd_kvcache(
@@ -404,7 +392,40 @@ def attention_fwd_kvcache(
     the Hopper kernel supports it and the query tiles fill the SMs unsplit (unless `config` forces a cache
     tiling). Other calls read the cache tile by tile (kv "cache"): the Hopper kernel's cache form for chunks of
     many query rows, the portable kernel for decoding steps (fwd_tilings.cache_chunk_runs_hopper); `config`
-    forces either."""
+    forces either. The plan is kept per argument layout (_cache_plans), so a decoding loop's step only launches."""
+    score = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
+                 alibi_slopes=alibi_slopes)
+    lookup = (layout(q), layout(k_cache), layout(v_cache), layout(cache.seqused_k), cache.used,
+              layout(cache.leftpad_k), layout(cache.batch_idx), layout(cache.block_table), cache.num_splits,
+              softmax_scale, causal, window_size, softcap, layout(alibi_slopes), config)
+    plan = _cache_plans.get(lookup, _UNPLANNED)
+    if plan is _UNPLANNED:
+        plan = _cache_plans.put(lookup, plan_fwd_kvcache(q, k_cache, v_cache, cache, **score, config=config))
+    if plan is None:  # every entry's first rows, in order: dense K/V views of them
+        rows = k_cache.shape[1] if cache.used is None else min(cache.used, k_cache.shape[1])
+        return attention_fwd(q, k_cache[:, :rows], v_cache[:, :rows], **score, num_splits=cache.num_splits)
+    return run_fwd(plan, q, k_cache, v_cache, alibi_slopes, cache=cache)
+
+
+_cache_plans: BoundedMemo = BoundedMemo(256)
+_UNPLANNED = object()
+
+
+def plan_fwd_kvcache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache: KvCache,
+    *,
+    softmax_scale: float,
+    causal: bool,
+    window_size: tuple[int, int],
+    softcap: float,
+    alibi_slopes: torch.Tensor | None,
+    config: FwdTiling | None = None,
+) -> FwdPlan | None:
+    """The plan of an attention_fwd_kvcache call (same arguments; the tensors' layouts, an int length and the
+    score arguments fix it), or None where it runs as a dense call over views of the cache's first rows."""
     batch, seqlen_q, nheads, head_dim = q.shape
     nheads_k = k_cache.shape[2]
     group = nheads // nheads_k
@@ -418,13 +439,10 @@ def attention_fwd_kvcache(
     if (config is None and seqlen_k > 0 and _dense_rows(cache)
             and batch * nheads * -(-seqlen_q // _DENSE_TILE_ROWS) >= driver.sm_count(device)
             and _hopper_runs(device, dtype, head_dim, mask, *feats)):
-        # Every entry's first seqlen_k rows, in order: dense K/V views for the Hopper kernel, whose TMA loads
-        # zero-fill past them, with its persistent and tuned tilings. Smaller calls, which would split, run as fast
-        # in the cache form (H200, 2026-12-01: 64-256 rows, docs/benchmarks.md), whose maps and parameter template
-        # cover the whole cache, so a length growing step by step plans nothing anew (the views' plans would).
-        return attention_fwd(q, k_cache[:, :seqlen_k], v_cache[:, :seqlen_k], softmax_scale=softmax_scale,
-                             causal=causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
-                             num_splits=cache.num_splits)
+        # The Hopper kernel over views, whose TMA loads zero-fill past them, with its persistent and tuned
+        # tilings. Smaller calls, which would split, run as fast in the cache form (H200, 2026-12-01: 64-256 rows,
+        # docs/benchmarks.md), whose maps cover the whole cache: a length growing every step re-encodes nothing.
+        return None
     # Pages holding whole key tiles (block_n <= 128 divides them) are read tile by tile; others row by row.
     kv = "paged" if paged and (page_size % 128 or cache.leftpad_k is not None) else "cache"
     tiling = (device, dtype, head_dim, mask, *feats, kv, pack, bucket_name("decode", seqlen_k), config,
@@ -437,30 +455,17 @@ def attention_fwd_kvcache(
         cfg, _ = _cache_tiling(*tiling, True)
         m_blocks = _query_tiles(cfg, seqlen_q, group if pack else 1)
     var = _variant(device, dtype, head_dim, mask, *feats, cfg, kv, splits > 1, pack)
-    # The template is the capacity's (kv_cache_rows clamps lengths to p.seqlen_k); an int length is this call's.
-    shape = _shape(q, k_cache, v_cache, _contiguous_strides(q.shape), batch, capacity, causal=causal,
-                   window_size=window_size, softmax_scale=softmax_scale, softcap=softcap, alibi_slopes=alibi_slopes)
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = q.new_empty(shape.lse_shape, dtype=torch.float32)  # cheaper than torch.empty(..., device=)
-    p = _fill(shape, q, k_cache, v_cache, out, lse, alibi_slopes)
-    p.seqlen_k = seqlen_k
-    for name, t in (("seqused_k", cache.seqused_k), ("leftpad_k", cache.leftpad_k),
-                    ("kv_batch_idx", cache.batch_idx), ("block_table", cache.block_table)):
-        if t is not None:
-            setattr(p, name, t.data_ptr())
-    p.kv_batches, p.page_size = k_cache.shape[0], page_size
-    p.block_table_stride = cache.block_table.stride(0) if paged else 0
-    p.num_splits = splits
-    stream = torch._C._cuda_getCurrentRawStream(device)
-    params = _with_call_params(var, splits, p, shape, q, k_cache, v_cache, out)
+    # kv_cache_rows clamps each entry's length to p.seqlen_k: the capacity, or an int length itself.
+    shape = _shape(q, k_cache, v_cache, _contiguous_strides(q.shape), batch, seqlen_k,
+                   _cache_fields(k_cache, cache.block_table), causal=causal, window_size=window_size,
+                   softmax_scale=softmax_scale, softcap=softcap, alibi_slopes=alibi_slopes)
     hopper = isinstance(cfg, Sm90FwdConfig)  # a 1-D grid of (query tile, KV head, entry, split)
     grid = (m_blocks * tile_heads * batch * splits, 1, 1) if hopper else (m_blocks, tile_heads, batch * splits)
     if splits == 1:
-        var.kernel.launch(grid, var.block, var.smem, stream, params)
-    else:
-        _launch_split(var, _combine_kernel(device, dtype), grid, params, q, splits, stream,
-                      base=_SM90_BASE if hopper else 0)
-    return out, lse
+        return FwdPlan(var, shape, grid, q.device)
+    params = FwdParams.from_buffer_copy(shape.params)
+    params.num_splits = splits
+    return FwdPlan(var, shape, grid, q.device, splits, params, _combine_kernel(device, dtype))
 
 
 def _launch_split(var: _Variant, combine: driver.Kernel, grid: tuple[int, int, int], params: ctypes.Structure,
@@ -551,11 +556,13 @@ def _contiguous_strides(shape: torch.Size) -> tuple[int, ...]:
 
 
 def _shape(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out_stride: tuple[int, ...], batch: int,
-           seqlen_k: int, **score) -> _Shape:
-    """The _Shape of a call whose output has strides `out_stride`."""
+           seqlen_k: int, cache_fields: tuple[tuple[str, int], ...] = (), **score) -> _Shape:
+    """The _Shape of a call whose output has strides `out_stride`; `cache_fields` (_cache_fields) set a KV
+    cache's layout fields."""
     alibi = score["alibi_slopes"]
-    key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), out_stride, batch, seqlen_k, score["causal"],
-           score["window_size"], score["softmax_scale"], score["softcap"], None if alibi is None else alibi.stride())
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), out_stride, batch, seqlen_k, cache_fields,
+           score["causal"], score["window_size"], score["softmax_scale"], score["softcap"],
+           None if alibi is None else alibi.stride())
     shape = _shapes.get(key)
     if shape is None:
         *lead_q, nheads, _ = q.shape
@@ -570,16 +577,15 @@ def _shape(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out_stride: tuple[
         set_score_fields(template, batch=batch, nheads=nheads, nheads_k=nheads_k, seqlen_q=seqlen_q,
                          seqlen_k=seqlen_k, **score)
         template.head_dim = q.shape[-1]
+        for name, value in cache_fields:
+            setattr(template, name, value)
         lse_shape = (nheads, seqlen_q) if varlen else (batch, nheads, seqlen_q)
         shape = _shapes.put(key, _Shape(template, lse_shape))
     return shape
 
 
-def _fill(shape: _Shape, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-          alibi_slopes: torch.Tensor | None) -> FwdParams:
-    """The shape's parameter template with this call's addresses."""
-    p = FwdParams.from_buffer_copy(shape.params)
-    p.q, p.k, p.v, p.o, p.lse = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr()
-    if alibi_slopes is not None:
-        p.alibi_slopes = alibi_slopes.data_ptr()
-    return p
+def _cache_fields(k: torch.Tensor, block_table: torch.Tensor | None) -> tuple[tuple[str, int], ...]:
+    """A KV cache's FwdParams layout fields: its entries (or pages), rows per entry (or page) and the block table's
+    row stride."""
+    return (("kv_batches", k.shape[0]), ("page_size", k.shape[1]),
+            ("block_table_stride", 0 if block_table is None else block_table.stride(0)))
