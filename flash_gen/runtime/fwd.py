@@ -145,14 +145,16 @@ class FwdPlan:
     """Everything a dense or packed forward launch needs that the call's shapes, strides, dtype, device and score
     arguments fix: the variant, the parameter template, the grid. flash_gen.ops keeps one per validated
     argument layout, so a repeated eager call goes straight to run_fwd. A split-KV plan (splits > 1) has its own
-    template (the shape's with the split count) and the combine kernel that merges the splits."""
+    template (the shape's with the split count) and the combine kernel that merges the splits. The Hopper
+    kernel's encoded TMA maps are kept per address set (`maps`)."""
 
-    __slots__ = ("var", "shape", "grid", "lse_like", "splits", "params", "combine")
+    __slots__ = ("var", "shape", "grid", "lse_like", "splits", "params", "combine", "maps")
 
     def __init__(self, var: _Variant, shape: _Shape, grid: tuple[int, int, int], device: torch.device,
                  splits: int = 1, params: FwdParams | None = None, combine: driver.Kernel | None = None) -> None:
         self.var, self.shape, self.grid = var, shape, grid
         self.splits, self.params, self.combine = splits, params, combine
+        self.maps = BoundedMemo(tma.MAPS_PER_SHAPE)
         # softmax_lse's shape, dtype and device over one float: torch.empty_like of it allocates a contiguous lse
         # faster than new_empty(shape, dtype=) parses its arguments.
         self.lse_like = torch.empty((), dtype=torch.float32, device=device).expand(shape.lse_shape)
@@ -360,13 +362,12 @@ def _sm90_params(plan: FwdPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
                  out: torch.Tensor) -> Sm90FwdParams:
     """The Hopper kernel's parameter template: 5-D TMA maps of q and out (boxes of a consumer warpgroup's rows: 64
     positions of one head, or packed 64 // group positions of a group's heads) and 4-D ones of k and v (a key
-    tile's rows), then the plan's FwdParams, kept per shape, variant, split count and address set
-    (tma.params_with_maps). A shape's template is the same for every plan of a variant and split count."""
+    tile's rows), then the plan's FwdParams, kept per plan and address set (tma.params_with_maps)."""
     var = plan.var
     group = q.shape[-2] // k.shape[-2] if var.pack_gqa else 1
     positions, rows = ROWS_PER_CONSUMER // group, var.cfg.block_n // var.cfg.cluster  # a CTA's share of K/V tiles
-    return tma.params_with_maps(Sm90FwdParams, plan.params or plan.shape.params, plan.shape.maps,
-                                (var, plan.splits, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()),
+    return tma.params_with_maps(Sm90FwdParams, plan.params or plan.shape.params, plan.maps,
+                                (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()),
                                 (("tma_q", q, positions, group), ("tma_k", k, rows), ("tma_v", v, rows),
                                  ("tma_o", out, positions, group)))
 
@@ -455,17 +456,18 @@ def plan_fwd_kvcache(
         cfg, _ = _cache_tiling(*tiling, True)
         m_blocks = _query_tiles(cfg, seqlen_q, group if pack else 1)
     var = _variant(device, dtype, head_dim, mask, *feats, cfg, kv, splits > 1, pack)
-    # kv_cache_rows clamps each entry's length to p.seqlen_k: the capacity, or an int length itself.
-    shape = _shape(q, k_cache, v_cache, _contiguous_strides(q.shape), batch, seqlen_k,
+    # The capacity's template, so an int length growing every step reuses it; kv_cache_rows clamps each entry's
+    # length to p.seqlen_k, the capacity or that int length, set in the plan's own copy.
+    shape = _shape(q, k_cache, v_cache, _contiguous_strides(q.shape), batch, capacity,
                    _cache_fields(k_cache, cache.block_table), causal=causal, window_size=window_size,
                    softmax_scale=softmax_scale, softcap=softcap, alibi_slopes=alibi_slopes)
     hopper = isinstance(cfg, Sm90FwdConfig)  # a 1-D grid of (query tile, KV head, entry, split)
     grid = (m_blocks * tile_heads * batch * splits, 1, 1) if hopper else (m_blocks, tile_heads, batch * splits)
-    if splits == 1:
-        return FwdPlan(var, shape, grid, q.device)
-    params = FwdParams.from_buffer_copy(shape.params)
-    params.num_splits = splits
-    return FwdPlan(var, shape, grid, q.device, splits, params, _combine_kernel(device, dtype))
+    params = None
+    if splits > 1 or seqlen_k != capacity:
+        params = FwdParams.from_buffer_copy(shape.params)
+        params.seqlen_k, params.num_splits = seqlen_k, splits
+    return FwdPlan(var, shape, grid, q.device, splits, params, _combine_kernel(device, dtype) if splits > 1 else None)
 
 
 def _launch_split(var: _Variant, combine: driver.Kernel, grid: tuple[int, int, int], params: ctypes.Structure,
@@ -535,13 +537,12 @@ def _combine_kernel(device: int, dtype: str) -> driver.Kernel:
 
 class _Shape:
     """What a call's shapes, strides and score arguments fix: the parameter struct without tensor addresses (a
-    repeated shape copies it instead of setting ~30 ctypes fields), softmax_lse's shape, and the Hopper kernel's
-    encoded TMA maps."""
+    repeated shape copies it instead of setting ~30 ctypes fields) and softmax_lse's shape."""
 
-    __slots__ = ("params", "lse_shape", "maps")
+    __slots__ = ("params", "lse_shape")
 
     def __init__(self, params: FwdParams, lse_shape: tuple[int, ...]) -> None:
-        self.params, self.lse_shape, self.maps = params, lse_shape, BoundedMemo(tma.MAPS_PER_SHAPE)
+        self.params, self.lse_shape = params, lse_shape
 
 
 _shapes: BoundedMemo = BoundedMemo(256)

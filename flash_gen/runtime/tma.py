@@ -66,7 +66,7 @@ def encode_rows(dest: ctypes.Array | ctypes.Structure, offset: int, t: torch.Ten
         raise driver.cuda_error("cuTensorMapEncodeTiled", cu.CUresult(err))
 
 
-MAPS_PER_SHAPE = 64  # address sets kept per shape (a training loop cycles through a few)
+MAPS_PER_SHAPE = 64  # address sets kept per forward plan or backward shape (a training loop cycles through a few)
 
 
 def params_with_maps(struct: type, base: ctypes.Structure, cache: BoundedMemo, key: tuple,
