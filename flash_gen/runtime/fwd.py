@@ -189,9 +189,9 @@ def plan_fwd(
     features = (device, DTYPES[q.dtype], q.shape[-1], mask_kind(causal, window_size), softcap > 0,
                 alibi_slopes is not None, varlen)
     out_stride = out.stride() if out is not None else _contiguous_strides(q.shape)
-    shape = _shape(q, k, v, out_stride, batch, seqlen_k, _cache_fields(k, block_table) if block_table is not None
-                   else (), causal=causal,
-                   window_size=window_size, softmax_scale=softmax_scale, softcap=softcap, alibi_slopes=alibi_slopes)
+    paged_fields = _cache_fields(k, block_table) if block_table is not None else ()
+    shape = _shape(q, k, v, out_stride, batch, seqlen_k, paged_fields, causal=causal, window_size=window_size,
+                   softmax_scale=softmax_scale, softcap=softcap, alibi_slopes=alibi_slopes)
     if num_splits < 0 or (num_splits > 1 and (varlen or kv != "dense")):
         raise ValueError(f"num_splits must be >= 0 (0: chosen here), and 0 or 1 for packed or paged batches; got "
                          f"{num_splits}")
