@@ -4,7 +4,7 @@ Issue 7: a TMA producer warpgroup and one to three wgmma consumer warpgroups (64
 intra-warpgroup overlap, optional ping-pong and persistent CTAs (docs/hopper_forward.md). Keys are the forward's
 FwdKey; keys on sm90 with dense K/V (packed ragged batches or not, pack-GQA or not) or K/V read from a KV cache
 tile by tile (kv "cache": contiguous, or pages of a multiple of 128 rows), and any head dim up to 256 are
-supported (computed as the next multiple of 64: TMA boxes of 64 columns zero-fill the columns past
+supported (multiples of 16 exactly, others as the next multiple of 64: TMA boxes zero-fill the columns past
 head_dim on load and drop them on store), with or without softcap and ALiBi. Must not import torch or cuda.
 """
 
@@ -73,8 +73,17 @@ SM90_CONFIG_SPACE = {
 
 
 def sm90_head_dim(key: FwdKey) -> int:
-    """Head dim the kernel computes with: the next multiple of 64 (one 128-byte swizzled TMA box row per 64)."""
-    return -(-key.head_dim // 64) * 64
+    """Head dim the kernel computes with: a multiple of 16 (the S GEMM's wgmma K step) exactly, in TMA boxes of 64,
+    32 or 16 columns (sm90_box_cols), so a vision encoder's 80 computes 80 columns instead of 128; any other head
+    dim the next multiple of 64. Its rows then start 16 bytes off the 32-byte sectors every other row: 72 as 80, in
+    32-byte boxes, ran 0.89x its time as 128 (H200, 2026-12-01, docs/benchmarks.md "Exact head dims")."""
+    return key.head_dim if key.head_dim % 16 == 0 else -(-key.head_dim // 64) * 64
+
+
+def sm90_box_cols(head_dim: int) -> int:
+    """Columns of a TMA box and of a shared-memory swizzle row for a computed head dim (a multiple of 16): 64
+    (128-byte swizzle) where they divide it, else 32 (64-byte) or 16 (32-byte). The kernel's kBoxCols."""
+    return next(cols for cols in (64, 32, 16) if head_dim % cols == 0)
 
 
 def packed_positions(cfg: Sm90FwdConfig, group: int) -> int:
@@ -83,10 +92,10 @@ def packed_positions(cfg: Sm90FwdConfig, group: int) -> int:
     return cfg.consumers * (ROWS_PER_CONSUMER // group)
 
 
-def needs_extended_wgmma(cfg: Sm90FwdConfig) -> bool:
-    """Whether the S GEMM's N (block_n) needs CuTe's extended wgmma shapes to stay one instruction per k-step
-    (the P V GEMM's N, the head dim, is a multiple of 64 and always basic)."""
-    return cfg.block_n not in WGMMA_BASIC_N
+def needs_extended_wgmma(key: FwdKey, cfg: Sm90FwdConfig) -> bool:
+    """Whether the S GEMM's N (block_n) or the P V GEMM's (the computed head dim) needs CuTe's extended wgmma
+    shapes to stay one instruction per k-step."""
+    return cfg.block_n not in WGMMA_BASIC_N or sm90_head_dim(key) not in WGMMA_BASIC_N
 
 
 def sm90_config_from_name(name: str) -> Sm90FwdConfig | None:

@@ -78,13 +78,19 @@ def test_kv_cache_keys_run_the_hopper_kernel_one_cta_per_tile_with_one_more_barr
     assert not runs("paged", 1000, 4, True) and not runs("cache", 1000, 128, True)
 
 
-def test_head_dims_compute_as_the_next_multiple_of_64():
-    from flash_gen.spec_sm90 import sm90_head_dim
+def test_head_dims_compute_exactly_in_multiples_of_16_else_of_64():
+    from flash_gen.spec_sm90 import needs_extended_wgmma, sm90_box_cols, sm90_head_dim
 
-    assert [sm90_head_dim(FwdKey("sm90", "bf16", d)) for d in (8, 64, 72, 128, 160, 256)] == [64, 64, 128, 128, 192, 256]
-    assert sm90_smem_bytes(FwdKey("sm90", "bf16", 96), Sm90FwdConfig()) == sm90_smem_bytes(
-        FwdKey("sm90", "bf16", 128), Sm90FwdConfig())
-    assert sm90_infeasible_reason(FwdKey("sm90", "bf16", 96), Sm90FwdConfig()) is None
+    dims = (8, 48, 64, 72, 80, 96, 112, 128, 160, 200, 256)
+    computed = [sm90_head_dim(FwdKey("sm90", "bf16", d)) for d in dims]
+    assert computed == [64, 48, 64, 128, 80, 96, 112, 128, 160, 256, 256]
+    assert [sm90_box_cols(d) for d in computed] == [64, 16, 64, 64, 16, 32, 16, 64, 32, 64, 64]  # swizzle row
+    # Q's 128 rows and two stages of 128 K and V rows, 160 bytes each, then 10 mbarriers
+    assert sm90_smem_bytes(FwdKey("sm90", "bf16", 80), Sm90FwdConfig()) == 640 * 160 + 10 * 8
+    assert sm90_infeasible_reason(FwdKey("sm90", "bf16", 80), Sm90FwdConfig()) is None
+    # the P V GEMM's N is the head dim: 80 is outside CuTe's basic wgmma set, 96 inside
+    assert needs_extended_wgmma(FwdKey("sm90", "bf16", 80), Sm90FwdConfig())
+    assert not needs_extended_wgmma(FwdKey("sm90", "bf16", 96), Sm90FwdConfig())
 
 
 def test_renders_and_compiles_without_spills_on_wgmma(tmp_path, monkeypatch):
