@@ -75,9 +75,9 @@ SM90_CONFIG_SPACE = {
 def sm90_head_dim(key: FwdKey) -> int:
     """Head dim the kernel computes with: a multiple of 16 (the S GEMM's wgmma K step) exactly, in TMA boxes of 64,
     32 or 16 columns (sm90_box_cols), so a vision encoder's 80 computes 80 columns instead of 128; any other head
-    dim the next multiple of 64: 72 as 80, in 32-byte boxes, ran at 0.89-0.90x the TFLOP/s of 72 as 128 (H200,
-    2026-12-01, docs/benchmarks.md "Exact head dims"; its 144-byte rows start 16 bytes off a 32-byte sector every
-    other row, the likely cause)."""
+    dim the next multiple of 64: 72 as 80 (32-byte boxes) or as 96 ran at 0.93-0.95x the TFLOP/s of 72 as 128
+    (H200, 2026-12-01, docs/benchmarks.md "Exact head dims"; its 144-byte rows start 16 bytes off a 32-byte sector
+    every other row, the likely cause)."""
     return key.head_dim if key.head_dim % 16 == 0 else -(-key.head_dim // 64) * 64
 
 
