@@ -2,7 +2,7 @@
 FlashAttention-2 and cuDNN backends, in one run.
 
 Owns the benchmark shapes (the shared/ANCHORS.md convention: batch = total_tokens / seqlen, nheads =
-model_dim / hdim, seqlen_q = seqlen_k), the timing, the TFLOP/s table and the JSON record. GPU only.
+model_dim / hdim or a fixed count, seqlen_q = seqlen_k), the timing, the TFLOP/s table and the JSON record. GPU only.
 flash_gen is measured through its public API, like a user would call it (or, for --configs, through the runtime
 forced to one tiling); this module must not import the compiler, the tuner or optuna. The options are declared
 in flash_gen.cli.
@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
             causal=causal,
             seqlen=seqlen,
             batch=max(1, args.total_tokens // seqlen),
-            nheads=max(1, args.model_dim // hdim),
+            nheads=args.nheads or max(1, args.model_dim // hdim),
             dtype=args.dtype,
             direction=args.direction,
             softcap=args.softcap,

@@ -218,6 +218,8 @@ def _add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=spec.DTYPES, default="bf16")
     parser.add_argument("--total-tokens", type=int, default=32768, help="batch = total_tokens / seqlen")
     parser.add_argument("--model-dim", type=int, default=2048, help="nheads = model_dim / hdim")
+    parser.add_argument("--nheads", type=int, default=0,
+                        help="heads of every shape instead of model_dim / hdim (16: shared/ANCHORS.md's vision shapes)")
     parser.add_argument("--peers", type=names, default=("flash", "cudnn"),
                         help="SDPA backends to compare with (comma list of flash, cudnn)")
     parser.add_argument("--configs", type=names, default=(),

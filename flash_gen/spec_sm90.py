@@ -4,7 +4,7 @@ Issue 7: a TMA producer warpgroup and one to three wgmma consumer warpgroups (64
 intra-warpgroup overlap, optional ping-pong and persistent CTAs (docs/hopper_forward.md). Keys are the forward's
 FwdKey; keys on sm90 with dense K/V (packed ragged batches or not, pack-GQA or not) or K/V read from a KV cache
 tile by tile (kv "cache": contiguous, or pages of a multiple of 128 rows), and any head dim up to 256 are
-supported (computed as the next multiple of 64: TMA boxes of 64 columns zero-fill the columns past
+supported (multiples of 16 exactly, others as the next multiple of 64: TMA boxes zero-fill the columns past
 head_dim on load and drop them on store), with or without softcap and ALiBi. Must not import torch or cuda.
 """
 
@@ -73,8 +73,18 @@ SM90_CONFIG_SPACE = {
 
 
 def sm90_head_dim(key: FwdKey) -> int:
-    """Head dim the kernel computes with: the next multiple of 64 (one 128-byte swizzled TMA box row per 64)."""
-    return -(-key.head_dim // 64) * 64
+    """Head dim the kernel computes with: a multiple of 16 (the S GEMM's wgmma K step) exactly, in TMA boxes of 64,
+    32 or 16 columns (sm90_box_cols), so a vision encoder's 80 computes 80 columns instead of 128; any other head
+    dim the next multiple of 64: 72 as 80 (32-byte boxes) or as 96 ran at 0.93-0.95x the TFLOP/s of 72 as 128
+    (H200, 2026-12-01, docs/benchmarks.md "Exact head dims"; its 144-byte rows start 16 bytes off a 32-byte sector
+    every other row, the likely cause)."""
+    return key.head_dim if key.head_dim % 16 == 0 else -(-key.head_dim // 64) * 64
+
+
+def sm90_box_cols(head_dim: int) -> int:
+    """Columns of a TMA box and of a shared-memory swizzle row for a computed head dim (a multiple of 16): 64
+    (128-byte swizzle) where they divide it, else 32 (64-byte) or 16 (32-byte). The kernel's kBoxCols."""
+    return next(cols for cols in (64, 32, 16) if head_dim % cols == 0)
 
 
 def packed_positions(cfg: Sm90FwdConfig, group: int) -> int:
@@ -83,10 +93,10 @@ def packed_positions(cfg: Sm90FwdConfig, group: int) -> int:
     return cfg.consumers * (ROWS_PER_CONSUMER // group)
 
 
-def needs_extended_wgmma(cfg: Sm90FwdConfig) -> bool:
-    """Whether the S GEMM's N (block_n) needs CuTe's extended wgmma shapes to stay one instruction per k-step
-    (the P V GEMM's N, the head dim, is a multiple of 64 and always basic)."""
-    return cfg.block_n not in WGMMA_BASIC_N
+def needs_extended_wgmma(key: FwdKey, cfg: Sm90FwdConfig) -> bool:
+    """Whether the S GEMM's N (block_n) or the P V GEMM's (the computed head dim) needs CuTe's extended wgmma
+    shapes to stay one instruction per k-step."""
+    return cfg.block_n not in WGMMA_BASIC_N or sm90_head_dim(key) not in WGMMA_BASIC_N
 
 
 def sm90_config_from_name(name: str) -> Sm90FwdConfig | None:
@@ -159,15 +169,22 @@ def default_sm90_config(key: FwdKey) -> Sm90FwdConfig | None:
     warpgroups (192 rows: 2-10% over 128 rows); at 128 persistent CTAs (O staged apart from Q, tiles snaking
     longest first: 2-7% over one CTA per tile); at 64 and 256 no persistent CTAs (spills at 64; at 256 Q, O and
     two K/V stages exceed shared memory). Ping-pong only where it measured ahead: the three warpgroups of head
-    dim 64. Other head dims take the tiling of the multiple of 64 they are computed as (sm90_head_dim): at 32, 96
-    and 160 that ran 1.0-1.9x the portable kernel's defaults (H200, 2026-11-30). Packed (varlen) batches and
-    split-KV and KV caches take the same tiling with one CTA per tile."""
-    if key.head_dim <= 64:
+    dim 64. Head dim 80 (computed exactly) takes head dim 64's with 112-key steps, which fit its registers: 1.03x
+    and 1.11x the 128-row persistent tiling at 2k and 4k non-causal, 0.90x at 1k (H200, 2026-12-01 22:54 UTC,
+    docs/benchmarks.md "Exact head dims"). Other head dims take the tiling of the multiple of 64 they lie under.
+    Packed (varlen) batches and split-KV and KV caches take the same tiling with one CTA per tile (KV caches with
+    key steps that divide 128)."""
+    head_dim = sm90_head_dim(key)
+    if head_dim <= 64:
         cfg = Sm90FwdConfig(128, 2, pingpong=True, block_m=192)
-    elif key.head_dim <= 128:
+    elif head_dim == 80:
+        cfg = Sm90FwdConfig(112, 2, pingpong=True, block_m=192)
+    elif head_dim <= 128:
         cfg = Sm90FwdConfig(128, 2, pingpong=False, persistent=True)
     else:
         cfg = Sm90FwdConfig(64, 2, pingpong=False)
     if key.varlen or key.split or key.kv == "cache":
         cfg = replace(cfg, persistent=False)
+    if key.kv == "cache" and 128 % cfg.block_n:
+        cfg = replace(cfg, block_n=64)  # a key tile lies in one page (pages of a multiple of 128 rows)
     return cfg if sm90_infeasible_reason(key, cfg) is None else None

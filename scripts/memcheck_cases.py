@@ -96,8 +96,8 @@ def dense_split_cases() -> int:
 
 def hopper_tiling_cases() -> int:
     """Hopper forward tilings the defaults do not use (tests/test_fwd_sm90_gpu.py builds them): persistent
-    ping-pong CTAs with pack-GQA (the producer's tile slot), and clusters sharing K/V by multicast, persistent and
-    with an odd number of query tiles per head."""
+    ping-pong CTAs with pack-GQA (the producer's tile slot), clusters sharing K/V by multicast, persistent and
+    with an odd number of query tiles per head, and head dim 80 computed exactly (16-column boxes)."""
     from flash_gen.runtime.fwd import attention_fwd
     from flash_gen.spec_sm90 import sm90_config_from_name
 
@@ -105,6 +105,7 @@ def hopper_tiling_cases() -> int:
         (torch.bfloat16, 128, "wgm128n128s2p_persist", 3, 1000, 1000, 8, 2, True, True),
         (torch.float16, 64, "wgm192n128s2p_c2_persist", 2, 777, 555, 16, 16, False, False),
         (torch.bfloat16, 128, "wgm128n128s2p_c2", 3, 300, 517, 4, 2, False, False),
+        (torch.bfloat16, 80, "wgm192n96s2p_persist", 3, 777, 555, 16, 16, True, False),
     ]
     for dtype, d, name, b, sq, sk, h, hk, causal, pack in cases:
         q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)

@@ -78,6 +78,7 @@ CASES = [
     Case(128, seqlen_q=64, new=5, mask="none", feature="alibi", splits=0, dtype="fp16", head_dim=64),
     Case(512, seqlen_q=70, mask="causal", splits=2, head_dim=256, nheads_k=1),
     Case(256, seqlen_q=48, new=48, rotary="interleaved", mask="win32_0", splits=0, dtype="fp16", head_dim=96),
+    Case(128, seqlen_q=32, new=7, mask="causal", splits=0, head_dim=80),  # the Hopper cache form, 32-byte swizzle
 ]
 
 BATCH, NHEADS, CAPACITY = 3, 8, 700

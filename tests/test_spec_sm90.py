@@ -78,13 +78,19 @@ def test_kv_cache_keys_run_the_hopper_kernel_one_cta_per_tile_with_one_more_barr
     assert not runs("paged", 1000, 4, True) and not runs("cache", 1000, 128, True)
 
 
-def test_head_dims_compute_as_the_next_multiple_of_64():
-    from flash_gen.spec_sm90 import sm90_head_dim
+def test_head_dims_compute_exactly_in_multiples_of_16_else_of_64():
+    from flash_gen.spec_sm90 import needs_extended_wgmma, sm90_box_cols, sm90_head_dim
 
-    assert [sm90_head_dim(FwdKey("sm90", "bf16", d)) for d in (8, 64, 72, 128, 160, 256)] == [64, 64, 128, 128, 192, 256]
-    assert sm90_smem_bytes(FwdKey("sm90", "bf16", 96), Sm90FwdConfig()) == sm90_smem_bytes(
-        FwdKey("sm90", "bf16", 128), Sm90FwdConfig())
-    assert sm90_infeasible_reason(FwdKey("sm90", "bf16", 96), Sm90FwdConfig()) is None
+    dims = (8, 48, 64, 72, 80, 96, 112, 128, 160, 200, 256)
+    computed = [sm90_head_dim(FwdKey("sm90", "bf16", d)) for d in dims]
+    assert computed == [64, 48, 64, 128, 80, 96, 112, 128, 160, 256, 256]
+    assert [sm90_box_cols(d) for d in computed] == [64, 16, 64, 64, 16, 32, 16, 64, 32, 64, 64]  # swizzle row
+    # Q's 128 rows and two stages of 128 K and V rows, 160 bytes each, then 10 mbarriers
+    assert sm90_smem_bytes(FwdKey("sm90", "bf16", 80), Sm90FwdConfig()) == 640 * 160 + 10 * 8
+    assert sm90_infeasible_reason(FwdKey("sm90", "bf16", 80), Sm90FwdConfig()) is None
+    # the P V GEMM's N is the head dim: 80 is outside CuTe's basic wgmma set, 96 inside
+    assert needs_extended_wgmma(FwdKey("sm90", "bf16", 80), Sm90FwdConfig())
+    assert not needs_extended_wgmma(FwdKey("sm90", "bf16", 96), Sm90FwdConfig())
 
 
 def test_renders_and_compiles_without_spills_on_wgmma(tmp_path, monkeypatch):
@@ -96,7 +102,9 @@ def test_renders_and_compiles_without_spills_on_wgmma(tmp_path, monkeypatch):
                 (FwdKey("sm90", "bf16", 128), Sm90FwdConfig(176, pingpong=False, cluster=2)),
                 (FwdKey("sm90", "bf16", 128, "causal"), Sm90FwdConfig(pingpong=False, persistent=True)),
                 (FwdKey("sm90", "bf16", 64, "causal", varlen=True), Sm90FwdConfig(block_m=192)),  # packed batch
-                (FwdKey("sm90", "bf16", 128, "causal", pack_gqa=True), Sm90FwdConfig(pingpong=False, persistent=True))]
+                (FwdKey("sm90", "bf16", 128, "causal", pack_gqa=True), Sm90FwdConfig(pingpong=False, persistent=True)),
+                # head dim 80 exactly: 16-column boxes in a 32-byte swizzle, P V's N = 80 an extended shape
+                (FwdKey("sm90", "bf16", 80, "causal"), Sm90FwdConfig(112, block_m=192))]
     assert all(sm90_infeasible_reason(k, c) is None for k, c in variants)
     assert sm90_smem_bytes(*variants[0]) == 2 * 128 * (128 + 2 * 2 * 128) + 8 * (2 + 4 * 2)
     compiled = batches.compile_batch(variants)
@@ -109,8 +117,8 @@ def test_renders_and_compiles_without_spills_on_wgmma(tmp_path, monkeypatch):
         assert "cp.async.bulk.tensor.4d" in r.ptx and "mbarrier.try_wait.parity" in r.ptx  # TMA ring
         assert "cp.async.bulk.tensor.5d" in r.ptx  # Q and O: (head_dim, group's heads, seqlen, groups, batch)
         assert "setmaxnreg.inc.sync.aligned.u32 240" in r.ptx and "bar.arrive" in r.ptx  # consumers, ping-pong
-        # 176 keys per step in one wgmma per k-step, not eleven of N = 16 (CuTe's extended shapes)
-        assert "m64n176k16" in r.ptx and "m64n16k16" not in r.ptx
+        # 176 keys per step (and head dim 80's P V) in one wgmma per k-step, not N = 16 ones (CuTe's extended shapes)
+        assert "m64n176k16" in r.ptx and "m64n80k16" in r.ptx and "m64n16k16" not in r.ptx
     # the cluster's kernel alone: K/V multicast, launched in clusters of two (compile-time cluster dims). The batch
     # is one translation unit, so each kernel's part of the PTX is its .entry section.
     sections = dict(part.split("(", 1) for part in compiled[0].result.ptx.split(".visible .entry ")[1:])

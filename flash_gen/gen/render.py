@@ -74,7 +74,7 @@ def render_fwd_sm90_many(variants: Sequence[tuple[FwdKey, Sm90FwdConfig]]) -> st
     """One translation unit holding the Hopper forward kernel of every (key, config) in `variants`."""
     items = _items(variants, sm90_infeasible_reason,
                    lambda key, cfg: {"smem_bytes": sm90_smem_bytes(key, cfg), "head_dim": sm90_head_dim(key)})
-    extended = any(needs_extended_wgmma(cfg) for _, cfg in variants)
+    extended = any(needs_extended_wgmma(key, cfg) for key, cfg in variants)
     return _env().get_template("fwd_sm90.cu.j2").render(variants=items, extended_wgmma=extended)
 
 

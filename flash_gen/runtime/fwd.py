@@ -30,7 +30,7 @@ from flash_gen.runtime.score_params import (
     varlen_tiles,
 )
 from flash_gen.spec import FwdKey, bucket_name
-from flash_gen.spec_sm90 import ROWS_PER_CONSUMER, Sm90FwdConfig
+from flash_gen.spec_sm90 import ROWS_PER_CONSUMER, Sm90FwdConfig, sm90_box_cols, sm90_head_dim
 from flash_gen.tuned import tuned_config
 
 
@@ -82,11 +82,13 @@ _SM90_BASE = Sm90FwdParams.base.offset
 class _Variant:
     """A loaded kernel with its launch shape, cached per (device, dtype, head dim, mask, features)."""
 
-    __slots__ = ("kernel", "cfg", "smem", "block", "pack_gqa")
+    __slots__ = ("kernel", "cfg", "smem", "block", "pack_gqa", "box_cols")
 
-    def __init__(self, kernel: driver.Kernel, cfg: FwdTiling, smem: int, pack_gqa: bool) -> None:
-        self.kernel, self.cfg, self.smem, self.pack_gqa = kernel, cfg, smem, pack_gqa
+    def __init__(self, kernel: driver.Kernel, key: FwdKey, cfg: FwdTiling, smem: int) -> None:
+        self.kernel, self.cfg, self.smem, self.pack_gqa = kernel, cfg, smem, key.pack_gqa
         self.block = (cfg.num_threads, 1, 1)
+        # The Hopper kernel's TMA box width (a swizzle row of the head dim it computes with)
+        self.box_cols = sm90_box_cols(sm90_head_dim(key)) if isinstance(cfg, Sm90FwdConfig) else 0
 
 
 _variants: dict[tuple, _Variant] = {}
@@ -121,7 +123,7 @@ def _variant(
             raise ValueError(f"config: {cfg.name} cannot run {key.name}: {why}")
         smem = fwd_tilings.smem_bytes(key, cfg)
         kernel = loader.get_kernel(lambda: render_many([(key, cfg)]), entry_name(key, cfg), arch, smem, device)
-        var = _variants[lookup] = _Variant(kernel, cfg, smem, pack_gqa)
+        var = _variants[lookup] = _Variant(kernel, key, cfg, smem)
     return var
 
 
@@ -362,14 +364,15 @@ def _sm90_params(plan: FwdPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
                  out: torch.Tensor) -> Sm90FwdParams:
     """The Hopper kernel's parameter template: 5-D TMA maps of q and out (boxes of a consumer warpgroup's rows: 64
     positions of one head, or packed 64 // group positions of a group's heads) and 4-D ones of k and v (a key
-    tile's rows), then the plan's FwdParams, kept per plan and address set (tma.params_with_maps)."""
+    tile's rows), all boxes as wide as a swizzle row of the computed head dim, then the plan's FwdParams, kept per
+    plan and address set (tma.params_with_maps)."""
     var = plan.var
     group = q.shape[-2] // k.shape[-2] if var.pack_gqa else 1
     positions, rows = ROWS_PER_CONSUMER // group, var.cfg.block_n // var.cfg.cluster  # a CTA's share of K/V tiles
     return tma.params_with_maps(Sm90FwdParams, plan.params or plan.shape.params, plan.maps,
                                 (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()),
                                 (("tma_q", q, positions, group), ("tma_k", k, rows), ("tma_v", v, rows),
-                                 ("tma_o", out, positions, group)))
+                                 ("tma_o", out, positions, group)), var.box_cols)
 
 
 def attention_fwd_kvcache(

@@ -47,8 +47,9 @@ template <class Element_, int kHeadDim_, int kConsumers_, int kBlockN_, int kSta
           bool kPInSmem_, bool kPackGqa_, int kCluster_, bool kSplit_, bool kKvCache_>
 struct Sm90FwdTraits {
   using Element = Element_;
-  // The head dim rounded up to 64 (flash_gen.spec_sm90.sm90_head_dim): the TMA boxes zero-fill the columns past
-  // the tensors' own head dim on load and skip them on store, so zero columns add nothing to S and O.
+  // The head dim, a multiple of 16 (the wgmma K step) or rounded up to 64 (flash_gen.spec_sm90.sm90_head_dim): the
+  // TMA boxes zero-fill the columns past the tensors' own head dim on load and skip them on store, so zero columns
+  // add nothing to S and O.
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kConsumers = kConsumers_;  // consumer warpgroups; with one, two CTAs share an SM
   static constexpr int kBlockM = 64 * kConsumers;  // 64 rows (the wgmma M) per consumer warpgroup
@@ -91,8 +92,10 @@ struct Sm90FwdTraits {
   // producer warpgroup zeroes the stale rows of the tile's last V tile once.
   static constexpr bool kKvCache = kKvCache_;
   static_assert(!kKvCache || (!kPersistent_ && kCluster == 1 && 128 % kBlockN_ == 0));
-  static constexpr int kBoxCols = 64;  // a TMA box row is one 128-byte swizzle row
-  static_assert(kHeadDim % kBoxCols == 0, "128-byte swizzled rows: head dim a multiple of 64");
+  // A TMA box row is one swizzle row: 128 bytes (64 columns) where they divide the head dim, else 64 or 32 bytes,
+  // so a head dim of 80 computes 80 columns instead of 128 (flash_gen.spec_sm90.sm90_box_cols).
+  static constexpr int kBoxCols = kHeadDim % 64 == 0 ? 64 : (kHeadDim % 32 == 0 ? 32 : 16);
+  static_assert(kHeadDim % 16 == 0, "the S GEMM's K steps: head dim a multiple of 16");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma N and TMA box rows");
 
   // Consumer warpgroup w computes rows [64w, 64w + 64) of both GEMMs.
@@ -108,9 +111,11 @@ struct Sm90FwdTraits {
                                                         GMMA::Major::MN>())>{},
       Layout<Shape<Int<kConsumers>, _1, _1>>{}));
 
-  // 8 rows x 64 elements atoms, 16-byte chunks XOR-swizzled: the layout TMA's 128-byte swizzle writes. Atoms run
-  // down the rows first, so each 64-column slab of a tile is one contiguous TMA box.
-  using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;
+  // 8 rows x kBoxCols elements atoms, 16-byte chunks XOR-swizzled: the layout TMA's 128- (64-, 32-) byte swizzle
+  // writes. Atoms run down the rows first, so each kBoxCols-column slab of a tile is one contiguous TMA box.
+  using SmemAtom = cute::conditional_t<
+      kBoxCols == 64, GMMA::Layout_K_SW128_Atom<Element>,
+      cute::conditional_t<kBoxCols == 32, GMMA::Layout_K_SW64_Atom<Element>, GMMA::Layout_K_SW32_Atom<Element>>>;
   using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
   using SmemLayoutKV = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
   // V^T (head dim, keys, stage): the same bytes as V, seen as the PV GEMM's head-dim-major B operand.
@@ -287,7 +292,7 @@ __device__ __forceinline__ void fwd_sm90_produce(Sm90FwdParams const& params, ty
     // The consumers have read the previous tile's slot (before releasing its Q); q_full's arrival below releases
     // this write to them.
     if constexpr (T::kPersistent) *tile_slot = tile;
-    // One box per 64-column slab and warpgroup, wg_rows positions of `group` heads (packed, the slab's rows past
+    // One box per kBoxCols-column slab and warpgroup, wg_rows positions of `group` heads (packed, the slab's rows past
     // group x wg_rows are left as they are); idle warpgroups' rows are not loaded.
     const int slab_bytes = int(sizeof(typename T::Element)) * T::kHeadDim * (T::kPackGqa ? group * wg_rows : 64);
     bars.q_full.arrive_expect_tx(slab_bytes * (T::kConsumers - tile.idle_wgs));
@@ -339,8 +344,8 @@ __device__ __forceinline__ void fwd_sm90_produce(Sm90FwdParams const& params, ty
 // KV cache: the producer warpgroup zeroes the stale rows of the CTA's last V tile (Sm90Tile::stale_v_rows) once
 // it has landed, then hands it to the consumers' last P V GEMM (v_tail). Thread 0 issued that load, so once it has
 // returned from the producer loop a wait on the stage's full barrier can only be for that phase: warp 0 waits
-// (whole, so that it reaches the named barrier converged) and the other warps wait for it there. A 128-byte
-// swizzle permutes 16-byte chunks within a 128-byte row, so a tile row is one whole row of each 64-column slab.
+// (whole, so that it reaches the named barrier converged) and the other warps wait for it there. A swizzle
+// permutes 16-byte chunks within one swizzle row, so a tile row is one whole row of each kBoxCols-column slab.
 template <class T>
 __device__ __forceinline__ void zero_stale_v_rows(Sm90Tile<T> const& tile, typename T::Barriers& bars,
                                                   typename T::Element* smem_v) {
