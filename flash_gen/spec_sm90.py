@@ -4,8 +4,9 @@ Issue 7: a TMA producer warpgroup and one to three wgmma consumer warpgroups (64
 intra-warpgroup overlap, optional ping-pong and persistent CTAs (docs/hopper_forward.md). Keys are the forward's
 FwdKey; keys on sm90 with dense K/V (packed ragged batches or not, pack-GQA or not) or K/V read from a KV cache
 tile by tile (kv "cache": contiguous, or pages of a multiple of 128 rows), and any head dim up to 256 are
-supported (multiples of 16 exactly, others as the next multiple of 64: TMA boxes zero-fill the columns past
-head_dim on load and drop them on store), with or without softcap and ALiBi. Must not import torch or cuda.
+supported (multiples of 32 and 16, 48, 80 exactly, others as the next multiple of 64: TMA boxes zero-fill the
+columns past head_dim on load and drop them on store), with or without softcap and ALiBi. Must not import torch or
+cuda.
 """
 
 from __future__ import annotations
@@ -73,16 +74,21 @@ SM90_CONFIG_SPACE = {
 
 
 def sm90_head_dim(key: FwdKey) -> int:
-    """Head dim the kernel computes with: a multiple of 16 (the S GEMM's wgmma K step) exactly, in TMA boxes of 64,
-    32 or 16 columns (sm90_box_cols), so a vision encoder's 80 computes 80 columns instead of 128; any other head
-    dim the next multiple of 64: 72 as 80 (32-byte boxes) or as 96 ran at 0.93-0.95x the TFLOP/s of 72 as 128
-    (H200, 2026-12-01, docs/benchmarks.md "Exact head dims"; its 144-byte rows start 16 bytes off a 32-byte sector
-    every other row, the likely cause)."""
-    return key.head_dim if key.head_dim % 16 == 0 else -(-key.head_dim // 64) * 64
+    """Head dim the kernel computes with: multiples of 32 exactly, in TMA boxes of 64 or 32 columns (sm90_box_cols),
+    and 16, 48 and 80 in at most five boxes of 16 (the S GEMM's wgmma K step), so a vision encoder's 80 computes 80
+    columns instead of 128; any other head dim the next multiple of 64. Measured on the H200 (2026-12-01,
+    docs/benchmarks.md "Exact head dims"), against an estimate of the rounded kernel from the next multiple of 64's
+    time (optimistic by about 5%):
+    - exact 80, 96, 160 and 224 ran 0.98-1.2x the estimate;
+    - 112 and 144, as seven and nine 16-column boxes, ran only 0.86-0.94x of it;
+    - 72 as 80 or as 96 ran 0.93-0.95x 72 as 128, measured (its 144-byte rows start 16 bytes off a 32-byte sector
+      every other row, the likely cause)."""
+    d = key.head_dim
+    return d if d % 32 == 0 or d in (16, 48, 80) else -(-d // 64) * 64
 
 
 def sm90_box_cols(head_dim: int) -> int:
-    """Columns of a TMA box and of a shared-memory swizzle row for a computed head dim (a multiple of 16): 64
+    """Columns of a TMA box and of a shared-memory swizzle row for a computed head dim (sm90_head_dim): 64
     (128-byte swizzle) where they divide it, else 32 (64-byte) or 16 (32-byte). The kernel's kBoxCols."""
     return next(cols for cols in (64, 32, 16) if head_dim % cols == 0)
 

@@ -78,13 +78,13 @@ def test_kv_cache_keys_run_the_hopper_kernel_one_cta_per_tile_with_one_more_barr
     assert not runs("paged", 1000, 4, True) and not runs("cache", 1000, 128, True)
 
 
-def test_head_dims_compute_exactly_in_multiples_of_16_else_of_64():
+def test_head_dims_compute_exactly_in_multiples_of_32_and_at_16_48_80():
     from flash_gen.spec_sm90 import needs_extended_wgmma, sm90_box_cols, sm90_head_dim
 
-    dims = (8, 48, 64, 72, 80, 96, 112, 128, 160, 200, 256)
+    dims = (8, 16, 48, 64, 72, 80, 96, 112, 128, 144, 160, 200, 224, 256)
     computed = [sm90_head_dim(FwdKey("sm90", "bf16", d)) for d in dims]
-    assert computed == [64, 48, 64, 128, 80, 96, 112, 128, 160, 256, 256]
-    assert [sm90_box_cols(d) for d in computed] == [64, 16, 64, 64, 16, 32, 16, 64, 32, 64, 64]  # swizzle row
+    assert computed == [64, 16, 48, 64, 128, 80, 96, 128, 128, 192, 160, 256, 224, 256]
+    assert [sm90_box_cols(d) for d in computed] == [64, 16, 16, 64, 64, 16, 32, 64, 64, 64, 32, 64, 32, 64]
     # Q's 128 rows and two stages of 128 K and V rows, 160 bytes each, then 10 mbarriers
     assert sm90_smem_bytes(FwdKey("sm90", "bf16", 80), Sm90FwdConfig()) == 640 * 160 + 10 * 8
     assert sm90_infeasible_reason(FwdKey("sm90", "bf16", 80), Sm90FwdConfig()) is None
