@@ -52,7 +52,7 @@ CASES = [  # dtype, head dim, config, mask, batch, seqlen_q, seqlen_k, nheads, n
     ("bf16", 256, "wgm128n64s2p", "win32_0", 2, 333, 500, 2, 2, "alibi_batch"),
     ("bf16", 128, "wgm128n128s2_persist", "none", 2, 700, 300, 8, 8, "softcap"),
     # head dims computed exactly, in boxes of 32 columns (96, 160: 64-byte swizzle) or 16 (80, 48: 32-byte
-    # swizzle); others as the next multiple of 64 (112 as 128, 40 and 8 as 64): TMA zero-fills the extra columns
+    # swizzle); others as the next multiple of 64 (40 and 8 as 64): TMA zero-fills the extra columns
     # and the O store skips them (8: a box wider than the tensor)
     ("bf16", 96, "wgm128n128s2_persist", "causal", 2, 300, 517, 4, 2, ""),
     ("bf16", 160, "wgm128n64s2", "win32_0", 1, 257, 700, 4, 1, ""),

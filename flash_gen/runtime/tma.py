@@ -3,9 +3,9 @@
 A map describes a (batch, seqlen, heads, head_dim) tensor to the TMA unit as 4-D (head_dim innermost), or as 5-D
 with a GQA group's heads split out (encode_rows), with a box of one swizzled row's columns (64: 128 bytes,
 CU_TENSOR_MAP_SWIZZLE_128B; the forward's head dims that 64 does not divide, 32 or 16 columns with a 64- or 32-byte
-swizzle) by a tile's rows; rows past seqlen arrive as zeros. Encoding goes through ctypes, like
-the launch (driver.py): cuda-bindings converts each argument in Python (the runtime keeps encoded maps per shape
-and addresses, flash_gen.runtime.fwd._sm90_params). Must not import anything under flash_gen.build.
+swizzle) by a tile's rows; rows past seqlen arrive as zeros. Encoding goes through ctypes, like the launch
+(driver.py): cuda-bindings converts each argument in Python (the runtime keeps encoded maps per shape and
+addresses, flash_gen.runtime.fwd._sm90_params). Must not import anything under flash_gen.build.
 """
 
 from __future__ import annotations
@@ -47,10 +47,9 @@ def encode_rows(dest: ctypes.Array | ctypes.Structure, offset: int, t: torch.Ten
     """Write into `dest` at byte `offset` the map of `t` (batch, seqlen, heads, head_dim) with boxes of
     `box_cols` x `box_rows`, swizzled in rows of `box_cols` (64, 32 or 16). With `group`, the map is 5-D,
     (head_dim, group, seqlen, heads / group, batch), and a box holds `box_rows` positions of a group's heads
-    stacked position by position (box_cols x group x box_rows):
-    the Hopper forward's Q and O, packed (pack-GQA) or with a group of 1. TMA needs a 16-byte aligned base and
-    strides: flash_gen.validate already requires them of every attention input (the portable kernels' vector loads
-    do too)."""
+    stacked position by position (box_cols x group x box_rows): the Hopper forward's Q and O, packed (pack-GQA)
+    or with a group of 1. TMA needs a 16-byte aligned base and strides: flash_gen.validate already requires them
+    of every attention input (the portable kernels' vector loads do too)."""
     b, s, h, d = t.shape
     sb, ss, sh, _ = t.stride()
     if group is None:
