@@ -176,8 +176,8 @@ def default_sm90_config(key: FwdKey) -> Sm90FwdConfig | None:
     longest first: 2-7% over one CTA per tile); at 64 and 256 no persistent CTAs (spills at 64; at 256 Q, O and
     two K/V stages exceed shared memory). Ping-pong only where it measured ahead: the three warpgroups of head
     dim 64. Head dim 80 (computed exactly) takes head dim 64's with 112-key steps, which fit its registers: 1.03x
-    and 1.11x the 128-row persistent tiling at 2k and 4k non-causal, 0.90x at 1k (H200, 2026-12-01 22:54 UTC,
-    docs/benchmarks.md "Exact head dims"). Other head dims take the tiling of the next multiple of 64 (96: 128's).
+    and 1.11x the 128-row persistent tiling at 2k and 4k non-causal, 0.90x at 1k, where the tuning database picks
+    other tilings (H200, 2026-12-01 22:54 UTC, docs/benchmarks.md "Exact head dims"). Other head dims take the tiling of the next multiple of 64 (96: 128's).
     Packed (varlen) batches and split-KV and KV caches take the same tiling with one CTA per tile (KV caches with
     key steps that divide 128)."""
     head_dim = sm90_head_dim(key)

@@ -60,6 +60,9 @@ CASES = [  # dtype, head dim, config, mask, batch, seqlen_q, seqlen_k, nheads, n
     ("fp16", 80, "wgm128n128s2_c2_persist", "none", 2, 1000, 700, 8, 2, ""),
     ("bf16", 48, "wgm128n64s2p", "win32_0", 2, 300, 517, 8, 2, "pack"),
     ("bf16", 48, "wgm64n128s2", "causal", 2, 333, 250, 4, 4, "softcap"),
+    # the tuning database's head dim 80 picks for s<=1k (P in shared memory, persistent; serial, four stages)
+    ("bf16", 80, "wgm128n128s2p_ss_persist", "none", 2, 700, 300, 8, 2, ""),
+    ("bf16", 80, "wgm192n96s4_serial_ss_persist", "causal", 3, 777, 555, 16, 16, "rising"),
     ("bf16", 96, "wgm128n80s2p_ss", "none", 2, 300, 517, 4, 2, ""),
     ("fp16", 40, "wgm192n128s2p", "none", 2, 333, 250, 4, 4, ""),
     ("bf16", 8, "wgm128n128s2p", "causal", 2, 129, 300, 2, 1, ""),
