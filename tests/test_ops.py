@@ -184,23 +184,32 @@ def test_fake_varlen_paged_shapes():
     assert out.shape == q.shape and lse.shape == (H, TOTAL_Q)
 
 
+def _counted(monkeypatch, name: str) -> list:
+    """Wrap ops.`name` (a validation step) so that each call is recorded; returns the list of calls."""
+    calls, real = [], getattr(ops, name)
+    monkeypatch.setattr(ops, name, lambda *a, **k: calls.append(a) or real(*a, **k))
+    return calls
+
+
+def _q_and_shifted() -> tuple[torch.Tensor, torch.Tensor]:
+    """q (B, SQ, H, 64) and a view of the same layout 2 bytes further on in its buffer (a misaligned base)."""
+    n = B * SQ * H * 64
+    buf = torch.randn(n + 8, dtype=torch.bfloat16)
+    return buf[:n].view(B, SQ, H, 64), buf[1 : n + 1].view(B, SQ, H, 64)
+
+
 def test_repeated_layout_skips_validation_but_rechecks_alignment(monkeypatch):
     """A dense call's validation is memoised per layout; a hit must still reject a misaligned base address."""
     from flash_gen import validate
 
     monkeypatch.setattr(validate, "check_device", lambda *a, **k: None)  # CPU tensors stand in for CUDA ones
     monkeypatch.setattr(ops, "_checked_memo", BoundedMemo(256))
-    calls = []
-    real = ops.validate_fwd
-    monkeypatch.setattr(ops, "validate_fwd", lambda *a, **k: calls.append(a) or real(*a, **k))
-    n = B * SQ * H * 64
-    buf = torch.randn(n + 8, dtype=torch.bfloat16)
-    q = buf[:n].view(B, SQ, H, 64)
+    calls = _counted(monkeypatch, "validate_fwd")
+    q, shifted = _q_and_shifted()
     attn = (None, None, None, True, -1, -1, 0.0, None)  # cu_seqlens_q/k, softmax_scale, causal, window, softcap, alibi
     first = ops._checked(q, q, q, *attn)
     assert ops._checked(q, q, q, *attn) is first and len(calls) == 1
     assert ops._checked(q, q, q, *attn[:3], False, *attn[4:]) is not first  # other arguments: validated anew
-    shifted = buf[1 : n + 1].view(B, SQ, H, 64)  # the same layout 2 bytes further on
     with pytest.raises(ValueError, match="^q: base address"):
         ops._checked(shifted, shifted, shifted, *attn)
 
@@ -214,12 +223,8 @@ def test_kvcache_checks_are_kept_per_layout_except_under_debug(monkeypatch):
     monkeypatch.setattr(validate, "check_device", lambda *a, **k: None)  # CPU tensors stand in for CUDA ones
     monkeypatch.setattr(ops, "_kvcache_memo", BoundedMemo(256))
     monkeypatch.setattr(fwd, "attention_fwd_kvcache", lambda q, *a, **k: (q, None))
-    calls = []
-    real = ops.validate_kvcache
-    monkeypatch.setattr(ops, "validate_kvcache", lambda *a, **k: calls.append(a) or real(*a, **k))
-    n = B * SQ * H * 64
-    buf = torch.randn(n + 8, dtype=torch.bfloat16)
-    q = buf[:n].view(B, SQ, H, 64)
+    calls = _counted(monkeypatch, "validate_kvcache")
+    q, shifted = _q_and_shifted()
     cache = torch.randn(B, 300, HK, 64, dtype=torch.bfloat16)
     lens = torch.tensor([5, 200], dtype=torch.int32)
     # k, v, rotary_cos/sin, cache_seqlens, its int form, batch_idx, leftpad, block_table, then the attention's
@@ -234,7 +239,6 @@ def test_kvcache_checks_are_kept_per_layout_except_under_debug(monkeypatch):
     assert len(calls) == 2
     with pytest.raises(ValueError, match="^cache_seqlens: 301 "):  # but not past the cache
         impl(q, cache, cache, *tail[:4], None, 301, *tail[6:])
-    shifted = buf[1 : n + 1].view(B, SQ, H, 64)  # the same layout 2 bytes further on
     with pytest.raises(ValueError, match="^q: base address"):
         impl(shifted, cache, cache, *tail)
     monkeypatch.setenv("FLASH_GEN_DEBUG", "1")
