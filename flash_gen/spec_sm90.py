@@ -73,18 +73,24 @@ SM90_CONFIG_SPACE = {
 }
 
 
+# Head dims computed as a nearer multiple of 16 than the next multiple of 64, measured faster that way on the H200
+# (2026-12-02, docs/benchmarks.md "Head dim 72 as 80"): 72 in 80's 16-column boxes runs 1.04-1.12x 72 as 128 at
+# 2k-4k (0.94-0.96x at 1k); 208 in 224's 32-column boxes 1.01-1.03x 208 as 256 (200 and 216 likewise). The same
+# runs found 40 as 48, 88 as 96 and 144 as 160 slower in some cells than as 64, 128 and 192 (by up to 8%, 14% and
+# 6%), so those keep the next multiple of 64.
+NEARER_HEAD_DIMS = {72: 80, 200: 224, 208: 224, 216: 224}
+
+
 def sm90_head_dim(key: FwdKey) -> int:
-    """Head dim the kernel computes with: multiples of 32 exactly, in TMA boxes of 64 or 32 columns (sm90_box_cols),
-    and 16, 48 and 80 in at most five boxes of 16 (the S GEMM's wgmma K step), so a vision encoder's 80 computes 80
-    columns instead of 128; any other head dim the next multiple of 64. Measured on the H200 (2026-12-01,
-    docs/benchmarks.md "Exact head dims"), against an estimate of the rounded kernel from the next multiple of 64's
-    time (optimistic by about 5%):
-    - exact 80, 96, 160 and 224 ran 0.98-1.2x the estimate;
-    - 112 and 144, as seven and nine 16-column boxes, ran only 0.86-0.94x of it;
-    - 72 as 80 or as 96 ran 0.93-0.95x 72 as 128, measured (its 144-byte rows start 16 bytes off a 32-byte sector
-      every other row, the likely cause)."""
+    """Head dim the kernel computes with: multiples of 32, and 16, 48 and 80, exactly, in TMA boxes of 64, 32 or
+    16 columns (sm90_box_cols); 72 and 200-216 as NEARER_HEAD_DIMS says; any other the next multiple of 64. TMA
+    zero-fills the columns past the tensor's. Measured on the H200 (docs/benchmarks.md "Exact head dims"):
+    - exact 80, 96, 160 and 224 ran 0.98-1.2x an estimate of the next multiple of 64 from its time;
+    - 112 and 144 in seven and nine 16-column boxes ran only 0.86-0.94x of it."""
     d = key.head_dim
-    return d if d % 32 == 0 or d in (16, 48, 80) else -(-d // 64) * 64
+    if d % 32 == 0 or d in (16, 48, 80):
+        return d
+    return NEARER_HEAD_DIMS.get(d, -(-d // 64) * 64)
 
 
 def sm90_box_cols(head_dim: int) -> int:

@@ -174,11 +174,14 @@ def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvca
         out.update(default("bf16", 128, "none", kv="cache", split=split, pack=True) for split in (False, True))
         # benchmarks/bench_dense_split.py: split dense calls, MHA and packed
         out.update(default("bf16", 128, "none", split=True, pack=pack) for pack in (False, True))
-    # Tilings the shipped tuning database picks for keys the suites use (the runtime prefers them).
-    from flash_gen.tuned import live_configs
+    # Tilings the shipped tuning database picks for keys the suites use (the runtime prefers them), their own
+    # entries or, for the Hopper forward, those of the head dim they compute.
+    from flash_gen.spec import BUCKETS
+    from flash_gen.tuned import tuned_config
 
-    used = {key.name for key, _ in out}
-    out.update((key, cfg) for key, cfg in live_configs(arch) if key.name in used)
+    for key in {key for key, _ in out}:
+        direction = "bwd" if isinstance(key, BwdKey) else "fwd"
+        out.update((key, cfg) for cfg in (tuned_config(key, b) for b, _ in BUCKETS[direction]) if cfg is not None)
     return out
 
 

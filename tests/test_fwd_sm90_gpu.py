@@ -52,8 +52,9 @@ CASES = [  # dtype, head dim, config, mask, batch, seqlen_q, seqlen_k, nheads, n
     ("bf16", 256, "wgm128n64s2p", "win32_0", 2, 333, 500, 2, 2, "alibi_batch"),
     ("bf16", 128, "wgm128n128s2_persist", "none", 2, 700, 300, 8, 8, "softcap"),
     # head dims computed exactly, in boxes of 32 columns (96, 160: 64-byte swizzle) or 16 (80, 48: 32-byte
-    # swizzle); others as the next multiple of 64 (40 and 8 as 64): TMA zero-fills the extra columns
-    # and the O store skips them (8: a box wider than the tensor)
+    # swizzle); 72 as 80 and 208 as 224; others as the next multiple of 64 (40 and 8 as 64): TMA zero-fills the
+    # extra columns and the O store skips them (8: a box wider than the tensor; 72 with an odd number of heads:
+    # rows of 144 bytes, every other head's 16 bytes into a 32-byte sector)
     ("bf16", 96, "wgm128n128s2_persist", "causal", 2, 300, 517, 4, 2, ""),
     ("bf16", 160, "wgm128n64s2", "win32_0", 1, 257, 700, 4, 1, ""),
     ("bf16", 80, "wgm192n96s2p_persist", "causal", 3, 777, 555, 16, 16, "rising"),
@@ -66,6 +67,9 @@ CASES = [  # dtype, head dim, config, mask, batch, seqlen_q, seqlen_k, nheads, n
     ("bf16", 96, "wgm128n80s2p_ss", "none", 2, 300, 517, 4, 2, ""),
     ("fp16", 40, "wgm192n128s2p", "none", 2, 333, 250, 4, 4, ""),
     ("bf16", 8, "wgm128n128s2p", "causal", 2, 129, 300, 2, 1, ""),
+    ("bf16", 72, "wgm192n112s2p", "none", 2, 300, 517, 6, 3, ""),
+    ("fp16", 72, "wgm192n112s3_serial_ss_persist", "causal", 3, 777, 555, 5, 5, "rising"),  # tuned, s<=1k
+    ("bf16", 208, "wgm128n64s2p", "win32_0", 2, 200, 333, 3, 1, "softcap"),
     # scores that grow along the keys: row maxima rise past the lazy-max slack mid-row, so O is rescaled late
     ("bf16", 128, "wgm128n128s2", "none", 2, 300, 1500, 4, 2, "rising"),
     ("fp16", 64, "wgm192n128s2p", "causal", 1, 700, 700, 2, 2, "rising"),

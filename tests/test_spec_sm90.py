@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 
-from flash_gen import fwd_tilings
+from flash_gen import fwd_tilings, tuned
 from flash_gen.build import batches
 from flash_gen.spec import FwdKey
 from flash_gen.spec_sm90 import (
@@ -81,10 +81,15 @@ def test_kv_cache_keys_run_the_hopper_kernel_one_cta_per_tile_with_one_more_barr
 def test_head_dims_compute_exactly_in_multiples_of_32_and_at_16_48_80():
     from flash_gen.spec_sm90 import needs_extended_wgmma, sm90_box_cols, sm90_head_dim
 
-    dims = (8, 16, 48, 64, 72, 80, 96, 112, 128, 144, 160, 200, 224, 256)
+    dims = (8, 16, 40, 48, 64, 72, 80, 88, 96, 112, 128, 144, 160, 200, 208, 224, 232, 256)
     computed = [sm90_head_dim(FwdKey("sm90", "bf16", d)) for d in dims]
-    assert computed == [64, 16, 48, 64, 128, 80, 96, 128, 128, 192, 160, 256, 224, 256]
-    assert [sm90_box_cols(d) for d in computed] == [64, 16, 16, 64, 64, 16, 32, 64, 64, 64, 32, 64, 32, 64]
+    assert computed == [64, 16, 64, 48, 64, 80, 80, 128, 96, 128, 128, 192, 160, 224, 224, 224, 256, 256]
+    assert [sm90_box_cols(d) for d in computed] == [64, 16, 64, 16, 64, 16, 16, 64, 32, 64, 64, 64, 32, 32, 32, 32,
+                                                    64, 64]
+    # a key without tuned entries of its own takes those of the head dim it computes
+    key88, key128 = FwdKey("sm90", "bf16", 88), FwdKey("sm90", "bf16", 128)
+    assert tuned.tuned_config(key88, "s>4k") == tuned.tuned_config(key128, "s>4k") is not None
+    assert tuned.tuned_config(FwdKey("sm90", "bf16", 72, "causal"), "s<=1k").name == "wgm192n112s3_serial_ss_persist"
     # Q's 128 rows and two stages of 128 K and V rows, 160 bytes each, then 10 mbarriers
     assert sm90_smem_bytes(FwdKey("sm90", "bf16", 80), Sm90FwdConfig()) == 640 * 160 + 10 * 8
     assert sm90_infeasible_reason(FwdKey("sm90", "bf16", 80), Sm90FwdConfig()) is None

@@ -6,13 +6,14 @@ Must not import torch or optuna.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from flash_gen import bwd_tilings, fwd_tilings, spec, spec_bwd
+from flash_gen import bwd_tilings, fwd_tilings, spec, spec_bwd, spec_sm90
 
 FORMAT = 1
 TUNED_DIR = Path(__file__).resolve().parent  # <arch>.json files sit next to this reader
@@ -94,8 +95,16 @@ def shipped(arch: str) -> TunedDb:
 
 
 def tuned_config(key, bucket: str):
-    """The tuned config for `key` in `bucket` (flash_gen.spec.bucket_name), or None."""
-    return shipped(key.arch).live_config(key, bucket)
+    """The tuned config for `key` in `bucket` (flash_gen.spec.bucket_name), or None. A Hopper forward key without
+    an entry of its own takes that of the head dim its kernel computes (spec_sm90.sm90_head_dim): 88 runs 128's
+    GEMMs, so 128's tiling. Keys whose rows sit differently in memory can differ: 72 (as 80) has entries of its own."""
+    db = shipped(key.arch)
+    cfg = db.live_config(key, bucket)
+    if cfg is None and isinstance(key, spec.FwdKey) and key.arch == "sm90":
+        computed = dataclasses.replace(key, head_dim=spec_sm90.sm90_head_dim(key))
+        if computed != key:
+            cfg = db.live_config(computed, bucket)
+    return cfg
 
 
 def live_configs(arch: str) -> Iterator[tuple]:
