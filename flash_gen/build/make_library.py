@@ -22,7 +22,7 @@ from flash_gen.gen import render
 # ANCHORS shapes and common models, both dtypes, every mask, forward and backward; decoding kernels for GQA, and
 # for dense calls with few query tiles pack-GQA and split-KV forms (decoding or short chunks via flash_attn_func);
 # over caches read tile by tile, both the decoding steps' tiling and the chunks' (fwd_tilings.cache_chunk_runs_hopper).
-HEAD_DIMS = (64, 72, 80, 96, 128, 192, 256)  # 72 and 80: vision encoders (ANCHORS' dense vision shapes)
+HEAD_DIMS = (64, 96, 128, 192, 256)
 DECODE_HEAD_DIMS = (64, 128)
 
 
