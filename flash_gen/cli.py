@@ -181,10 +181,15 @@ def _cmd_info(args: argparse.Namespace) -> int:
     print(f"{key.name}: default tiling {default.name} ({default.num_threads} threads, {smem} B shared memory)")
     if len(chain) > 1:
         print(f"  where it spills, the first that does not of: {', '.join(c.name for c in chain[1:])}")
-    for bucket, e in sorted(tuned.shipped(key.arch).entries.get(key.name, {}).items()):
+    entries = tuned.shipped(key.arch).entries
+    own = entries.get(key.name, {})
+    computed = tuned.computed_key(key)
+    borrowed = {b: e for b, e in entries.get(computed.name, {}).items() if b not in own} if computed else {}
+    for bucket, e in sorted({**own, **borrowed}.items()):
+        source = f" (head dim {computed.head_dim}'s entry)" if bucket in borrowed else ""
         stale = "" if tuned.tuned_config(key, bucket) else f" (stale: tuned against {e.default_config}, unused)"
-        print(f"  tuned {bucket}: {e.config}{stale} {e.ms:.3f} ms vs default {e.default_ms:.3f} ms ({e.speedup:.2f}x) "
-              f"on {e.gpu}, {e.date}")
+        print(f"  tuned {bucket}: {e.config}{source}{stale} {e.ms:.3f} ms vs default {e.default_ms:.3f} ms "
+              f"({e.speedup:.2f}x) on {e.gpu}, {e.date}")
     for lib in library.installed(key.arch):
         for r in lib.records.values():
             if r.key == key.name:

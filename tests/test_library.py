@@ -86,6 +86,9 @@ def test_cli_info_names_default_and_tuned_tilings(capsys, monkeypatch):
     assert cli.main(["info", key.name]) == 0
     out = capsys.readouterr().out
     assert f"default tiling {hopper.name} " in out and "tuned s<=4k: wgm128n80s2 " in out and "stale" not in out
+    # head dim 232 computes as 256, so it runs 256's entries where it has none of its own
+    assert cli.main(["info", FwdKey("sm90", "bf16", 232, "causal").name]) == 0
+    assert "tuned s<=4k: wgm128n80s2 (head dim 256's entry) " in capsys.readouterr().out
 
 
 def test_wheel_installs_and_is_discovered_in_a_fresh_venv(tmp_path, monkeypatch, helpers_only):

@@ -100,11 +100,16 @@ def tuned_config(key, bucket: str):
     GEMMs, so 128's tiling. Keys whose rows sit differently in memory can differ: 72 (as 80) has entries of its own."""
     db = shipped(key.arch)
     cfg = db.live_config(key, bucket)
-    if cfg is None and isinstance(key, spec.FwdKey) and key.arch == "sm90":
-        computed = dataclasses.replace(key, head_dim=spec_sm90.sm90_head_dim(key))
-        if computed != key:
-            cfg = db.live_config(computed, bucket)
-    return cfg
+    computed = computed_key(key)
+    return db.live_config(computed, bucket) if cfg is None and computed is not None else cfg
+
+
+def computed_key(key):
+    """The key of the head dim a Hopper forward key's kernel computes, where that is another head dim; else None."""
+    if not isinstance(key, spec.FwdKey) or key.arch != "sm90":
+        return None
+    computed = dataclasses.replace(key, head_dim=spec_sm90.sm90_head_dim(key))
+    return computed if computed != key else None
 
 
 def live_configs(arch: str) -> Iterator[tuple]:
