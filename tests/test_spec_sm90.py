@@ -78,7 +78,7 @@ def test_kv_cache_keys_run_the_hopper_kernel_one_cta_per_tile_with_one_more_barr
     assert not runs("paged", 1000, 4, True) and not runs("cache", 1000, 128, True)
 
 
-def test_head_dims_compute_exactly_in_multiples_of_32_and_at_16_48_80():
+def test_head_dims_compute_exactly_in_multiples_of_32_and_at_16_48_80(monkeypatch):
     from flash_gen.spec_sm90 import needs_extended_wgmma, sm90_box_cols, sm90_head_dim
 
     dims = (8, 16, 40, 48, 64, 72, 80, 88, 96, 112, 128, 144, 160, 200, 208, 224, 232, 256)
@@ -87,9 +87,14 @@ def test_head_dims_compute_exactly_in_multiples_of_32_and_at_16_48_80():
     assert [sm90_box_cols(d) for d in computed] == [64, 16, 64, 16, 64, 16, 16, 64, 32, 64, 64, 64, 32, 32, 32, 32,
                                                     64, 64]
     # a key without tuned entries of its own takes those of the head dim it computes
-    key88, key128 = FwdKey("sm90", "bf16", 88), FwdKey("sm90", "bf16", 128)
-    assert tuned.tuned_config(key88, "s>4k") == tuned.tuned_config(key128, "s>4k") is not None
-    assert tuned.tuned_config(FwdKey("sm90", "bf16", 72, "causal"), "s<=1k").name == "wgm192n112s3_serial_ss_persist"
+    db = tuned.TunedDb("sm90")
+    monkeypatch.setattr(tuned, "shipped", lambda arch: db)
+    key72, key80, key88, key128 = (FwdKey("sm90", "bf16", d) for d in (72, 80, 88, 128))
+    for key, name in ((key128, "wgm192n80s3"), (key80, "wgm128n128s2p_persist"), (key72, "wgm192n112s3_persist")):
+        default = fwd_tilings.default_config(key).name
+        db.record(key.name, "s>4k", tuned.Entry(name, 1.0, default, 1.1, "gpu", "drv", "now", 3))
+    assert tuned.tuned_config(key88, "s>4k").name == "wgm192n80s3" and tuned.tuned_config(key88, "s<=4k") is None
+    assert tuned.tuned_config(key72, "s>4k").name == "wgm192n112s3_persist"  # its own entry first
     # Q's 128 rows and two stages of 128 K and V rows, 160 bytes each, then 10 mbarriers
     assert sm90_smem_bytes(FwdKey("sm90", "bf16", 80), Sm90FwdConfig()) == 640 * 160 + 10 * 8
     assert sm90_infeasible_reason(FwdKey("sm90", "bf16", 80), Sm90FwdConfig()) is None
