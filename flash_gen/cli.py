@@ -292,6 +292,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--database", type=Path, default=None, help="tuning database to update (default: "
                    "flash_gen/tuned/<arch>.json)")
     p.add_argument("--seed", type=int, default=None, help="sampler seed")
+    p.add_argument("--candidates", type=lambda t: tuple(x for x in t.split(",") if x), default=(),
+                   help="comma list of tilings each bucket measures first (after the database's own), e.g. a "
+                   "bench --configs find; infeasible ones and other templates' are skipped")
     p.add_argument("-j", "--jobs", type=int, default=0, help="compile workers (default: cores)")
     p.add_argument("--dry-run", action="store_true", help="print each family's space size and buckets; no GPU")
     p.add_argument("--precompile", action="store_true", help="compile each family's whole space (what passes the "

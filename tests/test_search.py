@@ -4,6 +4,7 @@ a real PostgreSQL server). No GPU: the GPU end-to-end tune is in tests/test_tune
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -223,6 +224,25 @@ def test_a_bucket_first_measures_the_database_winners(tmp_path):
         # The configs the bucket's first trials draw, as search() does.
         seeded[bucket.name] = [space.suggest_config(fam, study.ask().suggest_categorical) for _ in range(waiting)]
     assert seeded == {"s<=1k": [winner], "s<=4k": [], "s>4k": [own, winner]}
+
+
+def test_candidates_are_measured_after_the_database_winners():
+    """`flash-gen tune --candidates`: named tilings join a bucket's seeds after the database's, unless they repeat
+    one, are the default, cannot run the key (a cluster under a causal mask) or belong to another template."""
+    from flash_gen.search.study import seed_params
+    from flash_gen.search.tune import _candidates
+
+    fam = space.Family("fwd", "sm90", "bf16", 128, "causal")
+    bucket = space.buckets(fam)[0]
+    winner, extra = spec_sm90.Sm90FwdConfig(80, 4, block_m=192), spec_sm90.Sm90FwdConfig(96, 3, pingpong=False)
+    db = database.TunedDb("sm90")
+    db.record(fam.key.name, bucket.name, database.Entry(winner.name, 1.0, space.default_config(fam).name, 1.1,
+                                                        "NVIDIA H200", "CUDA 13.0", "2026-12-02T02:00:00+00:00", 10))
+    names = (winner.name, space.default_config(fam).name, "wgm128n128s2_c2_persist", "wgbm64n128", extra.name)
+    candidates = _candidates(fam, names)
+    assert [c.name for c in candidates] == [winner.name, space.default_config(fam).name, "wgm128n128s2_c2_persist",
+                                            extra.name]  # the backward tiling's name is left out
+    assert seed_params(db, fam, bucket, candidates) == [dataclasses.asdict(winner), dataclasses.asdict(extra)]
 
 
 def test_precompile_fills_the_kernel_cache_for_the_tune(tmp_path, monkeypatch, capsys):

@@ -12,7 +12,7 @@ import time
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import optuna
 
@@ -72,16 +72,19 @@ def warm_start(study: optuna.Study, source: optuna.Study, count: int = 4) -> int
     return len(names)
 
 
-def seed_params(db: database.TunedDb, family: space.Family, bucket: space.Bucket) -> list[dict]:
+def seed_params(db: database.TunedDb, family: space.Family, bucket: space.Bucket,
+                candidates: Sequence = ()) -> list[dict]:
     """The params of the live configs `db` holds for `bucket` of the family's own key (so a re-tune with a short
     budget re-measures, and cannot lose, what an earlier tune found) and of its sibling keys (the other dtype: the
-    same kernels but for the element type, so the likeliest winners), for the bucket's study to measure first.
+    same kernels but for the element type, so the likeliest winners), then of `candidates` (configs named by
+    `flash-gen tune --candidates`, e.g. a bench's find), for the bucket's study to measure first.
     Skips configs of another template or outside the family's axes, infeasible for its key, or its default
     (measured anyway)."""
     axes, default = space.axes(family), space.default_config(family)
+    dtypes = sorted(spec.DTYPES, key=lambda d: d != family.dtype)  # own first
+    configs = [db.live_config(replace(family, dtype=dtype).key, bucket.name) for dtype in dtypes]
     out = []
-    for dtype in sorted(spec.DTYPES, key=lambda d: d != family.dtype):  # own first
-        cfg = db.live_config(replace(family, dtype=dtype).key, bucket.name)
+    for cfg in (*configs, *candidates):
         if cfg is None or cfg == default or space.infeasible(family, cfg) is not None:
             continue
         params = asdict(cfg)

@@ -20,6 +20,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from datetime import datetime, timezone
 
+from flash_gen import bwd_tilings, fwd_tilings
 from flash_gen import tuned as database
 from flash_gen.search import space
 from flash_gen.search.study import Rejected, finished, open_study, search, seed_params, warm_start
@@ -137,7 +138,7 @@ def _tune(args: argparse.Namespace, families: list[space.Family]) -> int:
                 study = open_study(study_name(args, fam, bucket), args.storage, args.seed)
                 study.set_user_attr("default", {"config": default.name, "ms": sum(default_ms), "shape_ms": default_ms})
                 study.set_user_attr("device", {"gpu": gpu, "driver": driver})
-                for params in seed_params(db, fam, bucket):
+                for params in seed_params(db, fam, bucket, _candidates(fam, args.candidates)):
                     study.enqueue_trial(params, skip_if_exists=True)  # a resumed study already holds them
                 if previous is not None:
                     warm_start(study, previous)
@@ -152,6 +153,18 @@ def _tune(args: argparse.Namespace, families: list[space.Family]) -> int:
                        trials=args.trials, deadline=deadline, on_trial=on_trial)
                 previous = study
     return 0
+
+
+def _candidates(family: space.Family, names: tuple[str, ...]) -> list:
+    """The --candidates tilings that name a config of the family's direction (others are left out)."""
+    from_name = bwd_tilings.config_from_name if family.direction == "bwd" else fwd_tilings.config_from_name
+    out = []
+    for name in names:
+        try:
+            out.append(from_name(name))
+        except ValueError:
+            continue
+    return out
 
 
 def _run_workers(args: argparse.Namespace, families: list[space.Family]) -> int:
