@@ -75,9 +75,9 @@ SM90_CONFIG_SPACE = {
 
 # Head dims computed as a nearer multiple of 16 than the next multiple of 64, measured faster that way on the H200
 # (2026-12-02, docs/benchmarks.md "Head dim 72 as 80"): 72 in 80's 16-column boxes runs 1.04-1.12x 72 as 128 at
-# 2k-4k (0.94-0.96x at 1k); 208 in 224's 32-column boxes 1.01-1.03x 208 as 256 (200 and 216 likewise). The same
-# runs found 40 as 48, 88 as 96 and 144 as 160 slower in some cells than as 64, 128 and 192 (by up to 8%, 14% and
-# 6%), so those keep the next multiple of 64.
+# 2k-4k (at 1k 0.94-0.96x, before a cluster tiling took its s<=1k entry); 208 in 224's 32-column boxes 1.01-1.03x
+# 208 as 256 (200 and 216 likewise). The same runs found 40 as 48, 88 as 96 and 144 as 160 slower in some cells
+# than as 64, 128 and 192 (by up to 8%, 14% and 6%), so those keep the next multiple of 64.
 NEARER_HEAD_DIMS = {72: 80, 200: 224, 208: 224, 216: 224}
 
 
