@@ -101,7 +101,11 @@ def tuned_config(key, bucket: str):
     db = shipped(key.arch)
     cfg = db.live_config(key, bucket)
     computed = computed_key(key)
-    return db.live_config(computed, bucket) if cfg is None and computed is not None else cfg
+    if cfg is None and computed is not None:
+        cfg = db.live_config(computed, bucket)
+        if cfg is not None and fwd_tilings.infeasible_reason(key, cfg) is not None:
+            cfg = None  # never one the key itself cannot run (the runtime would raise)
+    return cfg
 
 
 def computed_key(key):
