@@ -4,9 +4,8 @@ Issue 7: a TMA producer warpgroup and one to three wgmma consumer warpgroups (64
 intra-warpgroup overlap, optional ping-pong and persistent CTAs (docs/hopper_forward.md). Keys are the forward's
 FwdKey; keys on sm90 with dense K/V (packed ragged batches or not, pack-GQA or not) or K/V read from a KV cache
 tile by tile (kv "cache": contiguous, or pages of a multiple of 128 rows), and any head dim up to 256 are
-supported (multiples of 32 and 16, 48, 80 exactly, others as the next multiple of 64: TMA boxes zero-fill the
-columns past head_dim on load and drop them on store), with or without softcap and ALiBi. Must not import torch or
-cuda.
+supported (computed as sm90_head_dim says: TMA boxes zero-fill the columns past head_dim on load and drop them on
+store), with or without softcap and ALiBi. Must not import torch or cuda.
 """
 
 from __future__ import annotations
@@ -183,7 +182,8 @@ def default_sm90_config(key: FwdKey) -> Sm90FwdConfig | None:
     two K/V stages exceed shared memory). Ping-pong only where it measured ahead: the three warpgroups of head
     dim 64. Head dim 80 (computed exactly) takes head dim 64's with 112-key steps, which fit its registers: 1.03x
     and 1.11x the 128-row persistent tiling at 2k and 4k non-causal, 0.90x at 1k, where the tuning database picks
-    other tilings (H200, 2026-12-01 22:54 UTC, docs/benchmarks.md "Exact head dims"). Other head dims take the tiling of the next multiple of 64 (96: 128's).
+    other tilings (H200, 2026-12-01 22:54 UTC, docs/benchmarks.md "Exact head dims"). Other computed head dims take
+    the tiling of the next multiple of 64 (96: 128's).
     Packed (varlen) batches and split-KV and KV caches take the same tiling with one CTA per tile (KV caches with
     key steps that divide 128)."""
     head_dim = sm90_head_dim(key)

@@ -126,6 +126,7 @@ def _tune(args: argparse.Namespace, families: list[space.Family]) -> int:
     with ProcessPoolExecutor(max_workers=workers) as pool, Progress(transient=True) as progress:
         for fam in families:
             start, fam_buckets, previous = time.monotonic(), selected_buckets(args, fam), None
+            candidates = _candidates(fam, args.candidates)
             db = database.load(fam.arch, args.database)  # per family: run() writes it after each one
             for i, bucket in enumerate(fam_buckets):
                 # Bucket i may run until i+1 equal shares of the family's time budget have passed.
@@ -138,7 +139,7 @@ def _tune(args: argparse.Namespace, families: list[space.Family]) -> int:
                 study = open_study(study_name(args, fam, bucket), args.storage, args.seed)
                 study.set_user_attr("default", {"config": default.name, "ms": sum(default_ms), "shape_ms": default_ms})
                 study.set_user_attr("device", {"gpu": gpu, "driver": driver})
-                for params in seed_params(db, fam, bucket, _candidates(fam, args.candidates)):
+                for params in seed_params(db, fam, bucket, candidates):
                     study.enqueue_trial(params, skip_if_exists=True)  # a resumed study already holds them
                 if previous is not None:
                     warm_start(study, previous)
