@@ -165,9 +165,11 @@ def test_a_later_bucket_first_measures_the_earlier_buckets_best(tmp_path):
     assert [t.user_attrs["config"] for t in second.trials[:3]] == [name for name, _ in best]
 
 
-def test_the_database_keeps_no_config_slower_than_the_default_on_a_shape(tmp_path, capsys):
+@pytest.mark.parametrize("first_shape_ms, kept", [(102.0, False), (100.5, True)])
+def test_the_database_keeps_no_config_slower_than_the_default_on_a_shape(tmp_path, first_shape_ms, kept):
     """The tune minimises a bucket's total time, but what it writes must not lose to the default on any of the
-    bucket's shapes: here every 8-warp config has the smaller total and loses on the first shape."""
+    bucket's shapes by more than the timer's noise (tune.SHAPE_NOISE): here every 8-warp config has the smaller
+    total and runs the first shape 2% slower (never kept) or 0.5% slower (kept) than the default's 100 ms."""
     import argparse
     from concurrent.futures import ThreadPoolExecutor
 
@@ -181,7 +183,7 @@ def test_the_database_keeps_no_config_slower_than_the_default_on_a_shape(tmp_pat
 
     def per_shape(cfg) -> list[float]:
         x = cfg.block_m / 64 + cfg.block_n / 32 + cfg.kv_stages
-        return [101.0, x] if cfg.num_warps == 8 else [50 + x, 60 + x]
+        return [first_shape_ms, x] if cfg.num_warps == 8 else [50 + x, 60 + x]
 
     study = open_study(study_name(args, fam, bucket), args.storage, args.seed)
     study.set_user_attr("default", {"config": space.default_config(fam).name, "ms": 200.0, "shape_ms": [100.0, 100.0]})
@@ -190,7 +192,7 @@ def test_the_database_keeps_no_config_slower_than_the_default_on_a_shape(tmp_pat
         search(study, fam, prepare=lambda f, c: None, measure=per_shape, pool=pool, workers=1, trials=24)
     done = [t for t in finished(study) if "shape_ms" in t.user_attrs]
     fastest = min(done, key=lambda t: t.value)
-    allowed = min((t for t in done if t.user_attrs["shape_ms"][0] <= 100), key=lambda t: t.value)
+    allowed = fastest if kept else min((t for t in done if t.user_attrs["shape_ms"][0] <= 100), key=lambda t: t.value)
     assert fastest.user_attrs["shape_ms"][0] > 100  # the smallest total loses on a shape
     assert _collect(args, [fam]) == 0
     entry = database.load("sm80", args.database).lookup(fam.key.name, bucket.name)

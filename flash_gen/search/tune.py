@@ -194,6 +194,12 @@ def _replace_devices(argv: list[str], devices: str) -> list[str]:
     return [*out, "--devices", devices]
 
 
+# How much slower than the default a kept config may run on one shape of its bucket: the timer's run-to-run spread.
+# Without it, hd256 none s>4k kept the default over a tiling 6% faster at 16k and 0.2% slower at 8k (H200,
+# 2026-12-02; the same tune, re-run, kept that tiling).
+SHAPE_NOISE = 0.01
+
+
 def _collect(args: argparse.Namespace, families: list[space.Family]) -> int:
     """Best config per family and bucket from the studies (the default when nothing beat it), into the database
     and a summary table."""
@@ -213,12 +219,13 @@ def _collect(args: argparse.Namespace, families: list[space.Family]) -> int:
                 continue  # never tuned
             done = finished(study)
             best_name, best_ms = default["config"], default["ms"]
-            # Never keep a config slower than the default, in total or on any shape of the bucket (a repeated
-            # suggestion carries no per-shape times: its first measurement does); the default re-measured is not a
-            # speedup.
+            # Never keep a config slower than the default in total, or on any shape of the bucket by more than
+            # SHAPE_NOISE (a repeated suggestion carries no per-shape times: its first measurement does); the
+            # default re-measured is not a speedup.
             candidates = [t for t in done if t.value < best_ms and t.user_attrs["config"] != best_name
                           and "shape_ms" in t.user_attrs
-                          and all(a <= b for a, b in zip(t.user_attrs["shape_ms"], default["shape_ms"]))]
+                          and all(a <= b * (1 + SHAPE_NOISE)
+                                  for a, b in zip(t.user_attrs["shape_ms"], default["shape_ms"]))]
             if candidates:
                 top = min(candidates, key=lambda t: t.value)
                 best_name, best_ms = top.user_attrs["config"], top.value
