@@ -192,9 +192,12 @@ def _bench_shape(shape: Shape, impls: dict, timer: Callable, repeats: int, l2_by
     sets = _input_sets(shape, l2_bytes)
     samples: dict[str, list[float]] = {name: [] for name in impls}
     errors: dict[str, str] = {}
-    # Interleave the implementations so clock or thermal drift during the run hits all of them alike.
-    for _ in range(repeats):
-        for name, (backend, impl) in impls.items():
+    # Interleave the implementations so clock or thermal drift during the run hits all of them alike, and rotate
+    # their order each repeat so that none always runs first (on the H200 one kernel read up to 6% apart as two
+    # columns of one cell, 2026-12-02).
+    order = list(impls.items())
+    for i in range(repeats):
+        for name, (backend, impl) in order[i % len(order):] + order[:i % len(order)]:
             if name in errors:
                 continue
             rotation = itertools.cycle(sets)
