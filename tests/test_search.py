@@ -165,11 +165,11 @@ def test_a_later_bucket_first_measures_the_earlier_buckets_best(tmp_path):
     assert [t.user_attrs["config"] for t in second.trials[:3]] == [name for name, _ in best]
 
 
-@pytest.mark.parametrize("first_shape_ms, kept", [(102.0, False), (100.5, True)])
+@pytest.mark.parametrize("first_shape_ms, kept", [(103.0, False), (101.0, True)])
 def test_the_database_keeps_no_config_slower_than_the_default_on_a_shape(tmp_path, first_shape_ms, kept):
     """The tune minimises a bucket's total time, but what it writes must not lose to the default on any of the
     bucket's shapes by more than the timer's noise (tune.SHAPE_NOISE): here every 8-warp config has the smaller
-    total and runs the first shape 2% slower (never kept) or 0.5% slower (kept) than the default's 100 ms."""
+    total and runs the first shape 3% slower (never kept) or 1% slower (kept) than the default's 100 ms."""
     import argparse
     from concurrent.futures import ThreadPoolExecutor
 

@@ -194,10 +194,11 @@ def _replace_devices(argv: list[str], devices: str) -> list[str]:
     return [*out, "--devices", devices]
 
 
-# How much slower than the default a kept config may run on one shape of its bucket: the timer's run-to-run spread.
-# Without it, hd256 none s>4k kept the default over a tiling 6% faster at 16k and 0.2% slower at 8k (H200,
-# 2026-12-02; the same tune, re-run, kept that tiling).
-SHAPE_NOISE = 0.01
+# How much slower than the default a tuned config may run on one shape of its bucket (in the tune that keeps it, and
+# when --verify re-measures it): repeated timings of one kernel on the H200 differ by about 1-2%. Without it a tune
+# kept the default at hd256 none s>4k over a tiling 4% faster in total but timed above it at 8k (2026-12-02; the
+# same tune, re-run, kept that tiling).
+SHAPE_NOISE = 0.02
 
 
 def _collect(args: argparse.Namespace, families: list[space.Family]) -> int:

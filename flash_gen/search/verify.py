@@ -14,11 +14,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 from flash_gen import tuned as database
 from flash_gen.search import space
-from flash_gen.search.tune import compile_candidate
-
-# Per-shape slowdowns within this fraction count as noise (repeated timings of one kernel on the H200 differ by
-# about 1-2%); a larger one fails the check.
-NOISE = 0.02
+from flash_gen.search.tune import SHAPE_NOISE, compile_candidate
 
 
 def _compile(item: tuple[space.Family, object]):
@@ -38,7 +34,7 @@ def live_entries(db: database.TunedDb, families: list[space.Family]) -> list[tup
 
 
 def verify(args: argparse.Namespace, families: list[space.Family]) -> int:
-    """Exit status 1 when a tuned config is wrong or slower than the default beyond NOISE on some shape."""
+    """Exit status 1 when a tuned config is wrong or slower than the default beyond SHAPE_NOISE on some shape."""
     import torch
     from rich.console import Console
     from rich.table import Table
@@ -70,10 +66,10 @@ def verify(args: argparse.Namespace, families: list[space.Family]) -> int:
         ms = [measure.time(cfg, s) for s in bucket.shapes]
         default_ms = ms if default == cfg else [measure.time(default, s) for s in bucket.shapes]
         speedups = [d / t for d, t in zip(default_ms, ms)]
-        failed += min(speedups) < 1 - NOISE
+        failed += min(speedups) < 1 - SHAPE_NOISE
         table.add_row(fam.name, bucket.name, cfg.name, f"{entry.ms:.3f}", f"{sum(ms):.3f}", default.name,
                       f"{entry.default_ms:.3f}", f"{sum(default_ms):.3f}", f"{entry.speedup:.3f}",
                       " ".join(f"{s:.3f}" for s in speedups))
     Console(width=None if sys.stdout.isatty() else 200).print(table)
-    print(f"{len(rows)} entries re-measured; {failed} wrong or slower than the default beyond {NOISE:.0%} on a shape")
+    print(f"{len(rows)} entries re-measured; {failed} wrong or slower than the default beyond {SHAPE_NOISE:.0%} on a shape")
     return 1 if failed else 0
