@@ -215,6 +215,7 @@ def _bench_shape(shape: Shape, impls: dict, timer: Callable, repeats: int, l2_by
         **asdict(shape),
         "tflop": shape.flops / 1e12,
         "ms": ms,
+        "samples_ms": samples,  # every repeat's median, in run order: the spread behind each median
         "tflops": {name: shape.flops / (t * 1e-3) / 1e12 if t else None for name, t in ms.items()},
         "errors": errors,
         "max_abs_diff": None if shape.softcap else _max_abs_diff(sets[0], shape.causal),  # SDPA has no softcap

@@ -20,3 +20,4 @@ def test_each_repeat_rotates_which_implementation_runs_first(monkeypatch):
     runs = [name for name, _ in itertools.groupby(calls)]  # each implementation: its first call, then the timed one
     assert runs == list("abc" "bca" "cab")
     assert row["ms"] == {"a": 2.0, "b": 2.0, "c": 2.0}
+    assert row["samples_ms"] == {name: [2.0] * 3 for name in "abc"}

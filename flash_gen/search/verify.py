@@ -71,5 +71,6 @@ def verify(args: argparse.Namespace, families: list[space.Family]) -> int:
                       f"{entry.default_ms:.3f}", f"{sum(default_ms):.3f}", f"{entry.speedup:.3f}",
                       " ".join(f"{s:.3f}" for s in speedups))
     Console(width=None if sys.stdout.isatty() else 200).print(table)
-    print(f"{len(rows)} entries re-measured; {failed} wrong or slower than the default beyond {SHAPE_NOISE:.0%} on a shape")
+    print(f"{len(rows)} entries re-measured; {failed} wrong or slower than the default beyond {SHAPE_NOISE:.0%} "
+          "on a shape")
     return 1 if failed else 0
