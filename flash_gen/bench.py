@@ -16,6 +16,7 @@ import functools
 import itertools
 import json
 import math
+import re
 import statistics
 import sys
 from dataclasses import asdict, dataclass
@@ -29,6 +30,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import flash_gen
 from flash_gen import bwd_tilings, fwd_tilings
 from flash_gen.bwd_tilings import BwdTiling
+from flash_gen.gpu_monitor import GpuMonitor
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 PEERS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
@@ -79,21 +81,25 @@ def run(args: argparse.Namespace) -> int:
                                      softcap=args.softcap)
         impls[f"fg:{name}"] = (contextlib.nullcontext, impl)
     impls.update({p: (functools.partial(sdpa_kernel, PEERS[p]), _sdpa) for p in args.peers})
-    l2_bytes = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0)
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    l2_bytes = getattr(props, "L2_cache_size", 0)
     results = []
-    for hdim, causal, seqlen in itertools.product(args.hdim, CAUSAL[args.causal], args.seqlen):
-        shape = Shape(
-            hdim=hdim,
-            causal=causal,
-            seqlen=seqlen,
-            batch=max(1, args.total_tokens // seqlen),
-            nheads=args.nheads or max(1, args.model_dim // hdim),
-            dtype=args.dtype,
-            direction=args.direction,
-            softcap=args.softcap,
-        )
-        results.append(_bench_shape(shape, impls, timer, args.repeats, l2_bytes or FALLBACK_L2_BYTES))
-        _print_row(results[-1])
+    with GpuMonitor(_nvidia_smi_id(props)) as monitor:
+        for hdim, causal, seqlen in itertools.product(args.hdim, CAUSAL[args.causal], args.seqlen):
+            shape = Shape(
+                hdim=hdim,
+                causal=causal,
+                seqlen=seqlen,
+                batch=max(1, args.total_tokens // seqlen),
+                nheads=args.nheads or max(1, args.model_dim // hdim),
+                dtype=args.dtype,
+                direction=args.direction,
+                softcap=args.softcap,
+            )
+            results.append(_bench_shape(shape, impls, timer, args.repeats, l2_bytes or FALLBACK_L2_BYTES))
+            _print_row(results[-1])
+    for row in results:
+        _attach_clocks(row, monitor)
     _print_table(results, list(impls), args.direction)
     record = {
         **run_record(),
@@ -191,6 +197,7 @@ def _call(impl: Callable, shape: Shape, inputs: tuple[torch.Tensor, ...]) -> obj
 def _bench_shape(shape: Shape, impls: dict, timer: Callable, repeats: int, l2_bytes: int) -> dict:
     sets = _input_sets(shape, l2_bytes)
     samples: dict[str, list[float]] = {name: [] for name in impls}
+    spans: dict[str, list[tuple[datetime, datetime]]] = {name: [] for name in impls}  # local times, as nvidia-smi's
     errors: dict[str, str] = {}
     # Interleave the implementations so clock or thermal drift during the run hits all of them alike, and rotate
     # their order each repeat so that none always runs first (on the H200 one kernel read up to 6% apart as two
@@ -206,7 +213,9 @@ def _bench_shape(shape: Shape, impls: dict, timer: Callable, repeats: int, l2_by
                 with backend():
                     fn()  # first call: JIT compile / kernel selection stays out of the timing
                     torch.cuda.synchronize()
+                    start = datetime.now()
                     samples[name].append(timer(fn))
+                    spans[name].append((start, datetime.now()))
             except Exception as e:  # an unavailable peer shows "n/a"; it never ends the run
                 first_line = (str(e).strip().splitlines() or [""])[0]
                 errors[name] = f"{type(e).__name__}: {first_line}"
@@ -216,10 +225,26 @@ def _bench_shape(shape: Shape, impls: dict, timer: Callable, repeats: int, l2_by
         "tflop": shape.flops / 1e12,
         "ms": ms,
         "samples_ms": samples,  # every repeat's median, in run order: the spread behind each median
+        "_spans": spans,  # replaced by each sample's clock and power once the run's monitor has stopped
         "tflops": {name: shape.flops / (t * 1e-3) / 1e12 if t else None for name, t in ms.items()},
         "errors": errors,
         "max_abs_diff": None if shape.softcap else _max_abs_diff(sets[0], shape.causal),  # SDPA has no softcap
     }
+
+
+def _nvidia_smi_id(props: object) -> str:
+    """nvidia-smi's --id for the current device: its UUID (CUDA and nvidia-smi may number GPUs differently)."""
+    uuid = str(getattr(props, "uuid", "")).removeprefix("GPU-")
+    if re.fullmatch(r"[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}", uuid):
+        return f"GPU-{uuid}"
+    return str(torch.cuda.current_device())
+
+
+def _attach_clocks(row: dict, monitor: GpuMonitor) -> None:
+    """Each sample's median SM clock and power draw (None where nvidia-smi gave nothing), in `samples_ms`' order."""
+    windows = {name: [monitor.window(*span) for span in spans] for name, spans in row.pop("_spans").items()}
+    row["samples_sm_mhz"] = {name: [w and w["sm_mhz"] for w in ws] for name, ws in windows.items()}
+    row["samples_power_w"] = {name: [w and w["power_w"] for w in ws] for name, ws in windows.items()}
 
 
 def _max_abs_diff(qkv: tuple[torch.Tensor, ...], causal: bool) -> float | None:
@@ -269,6 +294,15 @@ def _fmt(x: float | None, spec: str) -> str:
     return "n/a" if x is None else format(x, spec)
 
 
+def _clock_range(row: dict) -> str:
+    """The lowest and highest SM clock the cell's timings ran at: a wide range means its ratios are suspect."""
+    mhz = [m for ms in row.get("samples_sm_mhz", {}).values() for m in ms if m is not None]
+    if not mhz:
+        return "n/a"
+    low, high = min(mhz), max(mhz)
+    return f"{low:.0f}" if low == high else f"{low:.0f}-{high:.0f}"
+
+
 def _ratio(row: dict, peer: str) -> float | None:
     mine, theirs = row["tflops"]["flash_gen"], row["tflops"].get(peer)
     return mine / theirs if mine and theirs else None
@@ -292,6 +326,7 @@ def _print_table(results: list[dict], impls: list[str], direction: str) -> None:
     for col in ("hdim", "causal", "seqlen", *(LABELS.get(n, n) for n in impls), *(f"fg/{LABELS[p]}" for p in peers)):
         table.add_column(col, justify="right")
     table.add_column("max|Δ| vs SDPA", justify="right")
+    table.add_column("SM MHz", justify="right")
     for row in results:
         table.add_row(
             str(row["hdim"]),
@@ -300,5 +335,6 @@ def _print_table(results: list[dict], impls: list[str], direction: str) -> None:
             *(_fmt(row["tflops"][n], ".1f") for n in impls),
             *(_fmt(_ratio(row, p), ".2f") for p in peers),
             _fmt(row["max_abs_diff"], ".2e"),
+            _clock_range(row),
         )
     Console(width=None if sys.stdout.isatty() else 160).print(table)  # logs get the whole table

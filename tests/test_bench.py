@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import shutil
+import time
+from datetime import datetime
 
 from flash_gen import bench
+from flash_gen.gpu_monitor import GpuMonitor, parse_samples
 
 
 def test_each_repeat_rotates_which_implementation_runs_first(monkeypatch):
@@ -21,3 +25,40 @@ def test_each_repeat_rotates_which_implementation_runs_first(monkeypatch):
     assert runs == list("abc" "bca" "cab")
     assert row["ms"] == {"a": 2.0, "b": 2.0, "c": 2.0}
     assert row["samples_ms"] == {name: [2.0] * 3 for name in "abc"}
+    assert [len(spans) for spans in row["_spans"].values()] == [3, 3, 3]
+
+
+def test_each_timing_gets_the_clock_and_power_it_ran_at():
+    """nvidia-smi's samples are matched to each timing's span; a span with no sample gets None."""
+    text = (
+        "2026/12/02 05:30:00.000, 1980, 650.5\n"
+        "2026/12/02 05:30:00.100, 1755, 700.0\n"
+        "2026/12/02 05:30:00.200, [N/A], [N/A]\n"  # left out
+        "2026/12/02 05:30:00.300, 1800, 690.0\n"
+        "2026/12/02 05:30"  # a truncated last line: left out
+    )
+    monitor = GpuMonitor(0)
+    monitor.samples = parse_samples(text)
+    assert len(monitor.samples) == 3
+    t = lambda ms: datetime(2026, 12, 2, 5, 30, 0, ms * 1000)  # noqa: E731
+    row = {"_spans": {"a": [(t(0), t(150)), (t(250), t(400))], "b": [(t(500), t(600))]}}
+    bench._attach_clocks(row, monitor)
+    assert "_spans" not in row
+    assert row["samples_sm_mhz"] == {"a": [1867.5, 1800.0], "b": [None]}
+    assert row["samples_power_w"] == {"a": [675.25, 690.0], "b": [None]}
+    assert bench._clock_range(row) == "1800-1868"
+
+
+def test_the_monitor_reads_what_nvidia_smi_wrote_until_it_was_stopped(tmp_path, monkeypatch):
+    """The background process runs until the context exits; its output is parsed then (a stand-in nvidia-smi)."""
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(f"#!/bin/sh\necho '2026/12/02 05:30:00.000, 1980, 650.5'\nexec {shutil.which('sleep')} 60\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with GpuMonitor(0) as monitor:
+        time.sleep(0.5)
+    assert monitor.samples == [(datetime(2026, 12, 2, 5, 30), 1980.0, 650.5)]
+    monkeypatch.setenv("PATH", "")
+    with GpuMonitor(0) as monitor:  # no nvidia-smi: nothing recorded, nothing raised
+        pass
+    assert monitor.samples == [] and monitor.window(datetime.min, datetime.max) is None
