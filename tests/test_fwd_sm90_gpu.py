@@ -45,6 +45,7 @@ CASES = [  # dtype, head dim, config, mask, batch, seqlen_q, seqlen_k, nheads, n
     ("fp16", 64, "wgm192n128s2p_persist", "none", 3, 777, 555, 16, 16, ""),
     ("bf16", 256, "wgm128n32s2p_persist", "win32_0", 2, 300, 900, 4, 1, ""),
     ("bf16", 64, "wgm192n112s2p_persist", "causal", 3, 777, 555, 16, 16, "rising"),
+    ("bf16", 64, "wgm192n128s4_persist", "causal", 2, 1000, 1300, 16, 4, ""),  # tuned, s<=4k
     ("bf16", 128, "wgm128n128s2p_persist", "causal", 2, 1000, 1300, 8, 2, ""),
     # score modifiers (softcap; ALiBi slopes per head or per batch entry and head)
     ("bf16", 128, "wgm128n128s2", "causal", 2, 300, 517, 4, 2, "softcap"),
