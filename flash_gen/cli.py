@@ -234,7 +234,7 @@ def _add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--softcap", type=float, default=0.0,
                         help="flash_gen's softcap (SDPA has none: run with --peers= to time flash_gen alone)")
     parser.add_argument("--json", default="bench_fwd.json", help="write every number here (default: %(default)s)")
-    parser.add_argument("--repeats", type=int, default=3, help="timings per cell, interleaved; the median is kept")
+    parser.add_argument("--repeats", type=int, default=5, help="timings per cell, interleaved; the median is kept")
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -13,16 +13,20 @@ from flash_gen.gpu_monitor import GpuMonitor, parse_samples
 
 
 def test_each_repeat_rotates_which_implementation_runs_first(monkeypatch):
-    """Implementations are interleaved per repeat, and their order rotates, so none is always timed first."""
+    """Implementations are interleaved per repeat, and their order rotates, so none is always timed first; each
+    implementation's first timing follows an untimed preheat."""
     monkeypatch.setattr(bench, "_input_sets", lambda shape, l2_bytes: [()])
     monkeypatch.setattr(bench, "_max_abs_diff", lambda qkv, causal: None)
     monkeypatch.setattr(bench.torch.cuda, "synchronize", lambda: None)
     calls: list[str] = []
+    preheated: list[str] = []
+    monkeypatch.setattr(bench, "preheat", lambda fn: preheated.append(calls[-1]))
     impls = {name: (contextlib.nullcontext, lambda causal, name=name: calls.append(name)) for name in "abc"}
     timer = lambda fn: (fn(), 2.0)[1]  # noqa: E731
     row = bench._bench_shape(bench.Shape(64, False, 128, 1, 1, "bf16"), impls, timer, repeats=3, l2_bytes=0)
     runs = [name for name, _ in itertools.groupby(calls)]  # each implementation: its first call, then the timed one
     assert runs == list("abc" "bca" "cab")
+    assert preheated == list("abc")  # each before its first timing
     assert row["ms"] == {"a": 2.0, "b": 2.0, "c": 2.0}
     assert row["samples_ms"] == {name: [2.0] * 3 for name in "abc"}
     assert [len(spans) for spans in row["_spans"].values()] == [3, 3, 3]
