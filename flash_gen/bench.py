@@ -42,7 +42,8 @@ WARMUP_MS, REP_MS = 25, 100  # triton.testing.do_bench's defaults
 # Untimed load before each implementation's first timing in a cell. After the GPU idles (between cells; during
 # a peer's first call, which builds its plan) the H200 runs above its sustained clock for up to a second (1980
 # against 1600-1850 MHz at its 700 W limit): such first timings ran up to 12% faster than the rest at 2k
-# (2026-12-02), which favoured whichever implementation came right after an idle gap.
+# (2026-12-02), which favoured whichever implementation came right after an idle gap. With 1 s, only the run's
+# first timing still did (1958 MHz; every other first timing at most 1845), so the first cell gets 3 s.
 PREHEAT_MS = 1000
 FALLBACK_L2_BYTES = 60 * 2**20  # H200; used when the device does not report its L2 size
 
@@ -102,7 +103,9 @@ def run(args: argparse.Namespace) -> int:
                 direction=args.direction,
                 softcap=args.softcap,
             )
-            results.append(_bench_shape(shape, impls, timer, args.repeats, l2_bytes or FALLBACK_L2_BYTES))
+            # The run's first cell follows the longest idle (start-up), after which the burst lasts longest.
+            preheat_ms = PREHEAT_MS * (3 if not results else 1)
+            results.append(_bench_shape(shape, impls, timer, args.repeats, l2_bytes or FALLBACK_L2_BYTES, preheat_ms))
             _print_row(results[-1])
     for row in results:
         _attach_clocks(row, monitor)
@@ -200,7 +203,8 @@ def _call(impl: Callable, shape: Shape, inputs: tuple[torch.Tensor, ...]) -> obj
     return torch.autograd.grad(out, inputs[:3], inputs[3])
 
 
-def _bench_shape(shape: Shape, impls: dict, timer: Callable, repeats: int, l2_bytes: int) -> dict:
+def _bench_shape(shape: Shape, impls: dict, timer: Callable, repeats: int, l2_bytes: int,
+                 preheat_ms: float = PREHEAT_MS) -> dict:
     sets = _input_sets(shape, l2_bytes)
     samples: dict[str, list[float]] = {name: [] for name in impls}
     spans: dict[str, list[tuple[datetime, datetime]]] = {name: [] for name in impls}  # local times, as nvidia-smi's
@@ -220,7 +224,7 @@ def _bench_shape(shape: Shape, impls: dict, timer: Callable, repeats: int, l2_by
                     fn()  # first call: JIT compile / kernel selection stays out of the timing
                     torch.cuda.synchronize()
                     if i == 0:
-                        preheat(fn)
+                        preheat(fn, preheat_ms)
                     start = datetime.now()
                     samples[name].append(timer(fn))
                     spans[name].append((start, datetime.now()))

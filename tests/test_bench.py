@@ -20,7 +20,7 @@ def test_each_repeat_rotates_which_implementation_runs_first(monkeypatch):
     monkeypatch.setattr(bench.torch.cuda, "synchronize", lambda: None)
     calls: list[str] = []
     preheated: list[str] = []
-    monkeypatch.setattr(bench, "preheat", lambda fn: preheated.append(calls[-1]))
+    monkeypatch.setattr(bench, "preheat", lambda fn, ms: preheated.append(calls[-1]))
     impls = {name: (contextlib.nullcontext, lambda causal, name=name: calls.append(name)) for name in "abc"}
     timer = lambda fn: (fn(), 2.0)[1]  # noqa: E731
     row = bench._bench_shape(bench.Shape(64, False, 128, 1, 1, "bf16"), impls, timer, repeats=3, l2_bytes=0)
