@@ -32,11 +32,12 @@ def parse_samples(text: str) -> list[tuple[datetime, float, float]]:
 
 
 class GpuMonitor:
-    """Context manager: nvidia-smi samples one GPU every `period_ms` until exit. Without nvidia-smi it records
-    nothing and `window` answers None, so a benchmark runs the same with or without it."""
+    """Context manager: nvidia-smi samples one GPU (`gpu`: nvidia-smi's --id, an index or "GPU-<uuid>") every
+    `period_ms` until exit. Without nvidia-smi it records nothing and `window` answers None, so a benchmark runs
+    the same with or without it."""
 
-    def __init__(self, device_index: int, period_ms: int = 50) -> None:
-        self.device_index, self.period_ms = device_index, period_ms
+    def __init__(self, gpu: str, period_ms: int = 50) -> None:
+        self.gpu, self.period_ms = gpu, period_ms
         self.samples: list[tuple[datetime, float, float]] = []
         self._proc: subprocess.Popen | None = None
         self._log = None
@@ -47,7 +48,7 @@ class GpuMonitor:
             # A file, not a pipe: a long run would fill a pipe nobody reads and stall nvidia-smi.
             self._log = tempfile.TemporaryFile(mode="w+")
             self._proc = subprocess.Popen(
-                [exe, f"--id={self.device_index}", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits",
+                [exe, f"--id={self.gpu}", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits",
                  f"-lms={self.period_ms}"],
                 stdout=self._log, stderr=subprocess.DEVNULL, text=True,
             )

@@ -41,7 +41,7 @@ def test_each_timing_gets_the_clock_and_power_it_ran_at():
         "2026/12/02 05:30:00.300, 1800, 690.0\n"
         "2026/12/02 05:30"  # a truncated last line: left out
     )
-    monitor = GpuMonitor(0)
+    monitor = GpuMonitor("0")
     monitor.samples = parse_samples(text)
     assert len(monitor.samples) == 3
     t = lambda ms: datetime(2026, 12, 2, 5, 30, 0, ms * 1000)  # noqa: E731
@@ -59,10 +59,10 @@ def test_the_monitor_reads_what_nvidia_smi_wrote_until_it_was_stopped(tmp_path, 
     fake.write_text(f"#!/bin/sh\necho '2026/12/02 05:30:00.000, 1980, 650.5'\nexec {shutil.which('sleep')} 60\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path))
-    with GpuMonitor(0) as monitor:
+    with GpuMonitor("0") as monitor:
         time.sleep(0.5)
     assert monitor.samples == [(datetime(2026, 12, 2, 5, 30), 1980.0, 650.5)]
     monkeypatch.setenv("PATH", "")
-    with GpuMonitor(0) as monitor:  # no nvidia-smi: nothing recorded, nothing raised
+    with GpuMonitor("0") as monitor:  # no nvidia-smi: nothing recorded, nothing raised
         pass
     assert monitor.samples == [] and monitor.window(datetime.min, datetime.max) is None
