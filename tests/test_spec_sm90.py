@@ -202,3 +202,24 @@ def test_hopper_backward_compiles_on_wgmma(tmp_path, monkeypatch):
     assert c.ok, f"{c.entry}: spills or serialised wgmmas"
     assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16" in c.result.ptx  # S^T, dP^T, dK, dV
     assert "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16" in c.result.ptx  # dQ, head dim split in two
+
+
+def test_hopper_backward_bulk_dq(tmp_path, monkeypatch):
+    """dq_bulk ("b"): dQ leaves through shared memory as bulk reductions, none element by element; not with
+    deterministic dQ or a split head dim."""
+    from flash_gen.spec_bwd import BwdKey
+    from flash_gen.spec_bwd_sm90 import Sm90BwdConfig, sm90_bwd_config_from_name, sm90_bwd_infeasible_reason
+
+    monkeypatch.setenv("FLASH_GEN_CACHE_DIR", str(tmp_path))
+    cfg = Sm90BwdConfig(64, 128, overlap=True, dq_bulk=True)
+    assert cfg.name == "wgbm64n128ob" and sm90_bwd_config_from_name(cfg.name) == cfg
+    key = BwdKey("sm90", "bf16", 64, "none")
+    assert sm90_bwd_infeasible_reason(key, cfg) is None
+    assert "deterministic" in sm90_bwd_infeasible_reason(BwdKey("sm90", "bf16", 64, "none", deterministic=True), cfg)
+    split = Sm90BwdConfig(64, 64, dq_bulk=True)
+    assert "split" in sm90_bwd_infeasible_reason(BwdKey("sm90", "bf16", 256, "none"), split)
+    (c,) = batches.compile_batch([(key, cfg)])
+    assert c.error is None, c.error
+    assert c.ok, f"{c.entry}: spills or serialised wgmmas"
+    assert "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32" in c.result.ptx
+    assert "red.global.add" not in c.result.ptx
