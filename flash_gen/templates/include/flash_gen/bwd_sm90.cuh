@@ -48,11 +48,12 @@ struct Sm90BwdTraits {
   // Whether the dK/dV wgmmas run on through the dS barrier and the dQ GEMM (a tunable, Sm90BwdConfig.overlap).
   static constexpr bool kOverlapDkvDq = kOverlap_;
   // dQ through shared memory and out by bulk reductions (Sm90BwdConfig.dq_bulk): the consumers store their
-  // accumulators (rows padded by 8 floats: a warp's 8-byte stores then hit distinct banks), and one thread reduces
-  // the rows into dq_accum, taking the per-element reductions off the load/store queue. One thread, because the
-  // bulk reduction is a uniform-datapath instruction: lanes with different rows would be serialised anyway.
-  static constexpr int kDqBulkThread = 128;  // warpgroup 1's first: thread 0 issues the Q/dO loads
+  // accumulators (rows padded by 8 floats: a warp's 8-byte stores then hit distinct banks), and lane 0 of every
+  // warp reduces its share of the rows into dq_accum, taking the per-element reductions off the load/store queue.
+  // One lane per warp: the bulk reduction is a uniform-datapath instruction, so lanes holding different rows would
+  // be serialised; and every warp a share, so that no one warp comes late to the next step's first barrier.
   static constexpr bool kDqBulk = kDqBulk_;
+  static constexpr int kDqRowsPerWarp = kBlockM / (kNThreads / 32);
   static_assert(!kDqBulk || (!kSplitHeadDim && !kDeterministic));
   static constexpr int kDqRowFloats = kHeadDim + 8;
   static_assert(kHeadDim % 64 == 0 && kHeadDim <= 256 && kHeadDimIO <= kHeadDim && kHeadDimIO % 8 == 0);
@@ -184,6 +185,7 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   // Warp-uniform, as the shuffle tells the compiler: the smem descriptors, which depend on the warpgroup alone,
   // then live in uniform registers rather than in each thread's.
   const int wg = __shfl_sync(0xffffffff, tidx / 128, 0);
+  const int warp = __shfl_sync(0xffffffff, tidx / 32, 0), lane = tidx % 32;  // bulk dQ: each warp's rows
   auto thr_sdp = mma_sdp.get_thread_slice(T::kSplitHeadDim ? tidx % 128 : tidx);
   auto thr_dkv = mma_dkv.get_thread_slice(tidx);
   auto thr_dq = mma_dq.get_thread_slice(tidx);
@@ -328,7 +330,7 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
       }
       // The last step's dQ reductions have read their buffer before anyone rewrites it (below, after this barrier).
       if constexpr (T::kDqBulk) {
-        if (tidx == T::kDqBulkThread) bulk_wait_read();
+        if (lane == 0) bulk_wait_read();
       }
       if constexpr (!T::kSplitHeadDim) __syncthreads();  // dS complete (split: since the barrier above)
 
@@ -358,8 +360,9 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
       }
       __syncthreads();  // every warpgroup is done with Q, dO and dS before the next tile overwrites them
       if constexpr (T::kDqBulk) {
-        if (tidx == T::kDqBulkThread) {
-          for (int r = 0; r < kBlockM; ++r) {
+        if (lane == 0) {
+          CUTE_UNROLL
+          for (int r = warp * T::kDqRowsPerWarp; r < (warp + 1) * T::kDqRowsPerWarp; ++r) {
             bulk_reduce_add_f32(dq_rows + r * kD, smem_dq + r * T::kDqRowFloats, kD * int(sizeof(float)));
           }
           bulk_commit_group();
@@ -370,7 +373,7 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
 
   // Epilogue: dK scaled, dK and dV staged through the K/V buffers and stored with 16-byte vectors.
   if constexpr (T::kDqBulk) {  // the dQ buffer stays allocated, and dq_accum complete, until the reductions are done
-    if (tidx == T::kDqBulkThread) bulk_wait_done();
+    if (lane == 0) bulk_wait_done();
   }
   __syncthreads();
   CUTE_UNROLL
