@@ -57,10 +57,14 @@ def split_head_dim(key: BwdKey) -> bool:
 
 def default_sm90_bwd_config(key: BwdKey) -> Sm90BwdConfig:
     """The tiling the kernel takes for `key`'s head dim, overlapping the dK/dV wgmmas where that measured ahead:
-    fwd+bwd +1.5-3% at head dim 64 on the H200, at 128 +2% without a mask but -1% causal. Packed batches above
-    head dim 64 go without: the overlap spills 8 B there (NVRTC 13.0)."""
+    fwd+bwd +1.5-3% at head dim 64 on the H200, at 128 +2% without a mask but -1% causal. At head dim 128 the
+    overlap with bulk dQ measured ahead of both, without a mask and causal (+1-2% and +1-3% fwd+bwd, 2k-8k,
+    docs/hopper_backward.md); at 64 bulk dQ measured 1-3% behind. Both stay off where they spill 4-8 B (NVRTC 13.0):
+    the overlap in packed batches with a mask, the pair with a window, packed and causal, or packed with ALiBi."""
     d = sm90_bwd_head_dim(key)
-    return Sm90BwdConfig(64, 64 if split_head_dim(key) else 128, d <= 64 or (key.mask == "none" and not key.varlen))
+    bulk = d == 128 and not key.deterministic and not key.varlen and key.mask in ("none", "causal")
+    overlap = d <= 64 or bulk or (key.mask == "none" and not key.varlen)
+    return Sm90BwdConfig(64, 64 if split_head_dim(key) else 128, overlap, bulk)
 
 
 def sm90_bwd_config_from_name(name: str) -> Sm90BwdConfig | None:

@@ -180,10 +180,14 @@ def test_hopper_backward_is_the_sm90_default_where_it_fits():
                 BwdKey("sm90", "bf16", 64, "none", softcap=True),
                 BwdKey("sm90", "bf16", 128, "causal", softcap=True, alibi=True)]
     assert all(bwd_tilings.default_config(k) == default_sm90_bwd_config(k) for k in hopper)
-    assert {default_sm90_bwd_config(k).name for k in hopper} == {"wgbm64n128", "wgbm64n128o", "wgbm64n64", "wgbm64n64o"}
-    # the dK/dV overlap where it measured ahead: head dim 64 (computed), and unmasked dense batches
-    assert all(default_sm90_bwd_config(k).overlap == (k.head_dim <= 64 or (k.mask == "none" and not k.varlen))
-               for k in hopper)
+    assert {default_sm90_bwd_config(k).name for k in hopper} == {"wgbm64n128", "wgbm64n128o", "wgbm64n128ob",
+                                                                   "wgbm64n64", "wgbm64n64o"}
+    # bulk dQ with the overlap at head dims 72-128 (computed as 128), dense, unmasked or causal, not deterministic
+    bulk = [k for k in hopper if 64 < k.head_dim <= 128 and not (k.varlen or k.deterministic) and k.mask != "local"]
+    assert all(default_sm90_bwd_config(k).dq_bulk == (k in bulk) for k in hopper)
+    # the dK/dV overlap where it measured ahead: head dim 64 (computed), unmasked dense batches, and with bulk dQ
+    assert all(default_sm90_bwd_config(k).overlap == (k.head_dim <= 64 or (k.mask == "none" and not k.varlen)
+                                                      or k in bulk) for k in hopper)
     assert all(bwd_tilings.default_config(k) == spec_bwd.default_bwd_config(k) for k in portable)
 
 
