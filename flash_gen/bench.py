@@ -43,8 +43,10 @@ WARMUP_MS, REP_MS = 25, 100  # triton.testing.do_bench's defaults
 # a peer's first call, which builds its plan) the H200 runs above its sustained clock for up to a second (1980
 # against 1600-1850 MHz at its 700 W limit): such first timings ran up to 12% faster than the rest at 2k
 # (2026-12-02), which favoured whichever implementation came right after an idle gap. With 1 s, only the run's
-# first timing still did (1958 MHz; every other first timing at most 1845), so the first cell gets 3 s.
+# first timing still did (1958 MHz; every other first timing at most 1845); with 3 s too, after a machine's start
+# (1965 MHz, 9% fast), so the process's first preheat, which follows the longest idle, lasts 10 s.
 PREHEAT_MS = 1000
+COLD_PREHEAT_MS = 10_000
 FALLBACK_L2_BYTES = 60 * 2**20  # H200; used when the device does not report its L2 size
 
 
@@ -103,9 +105,7 @@ def run(args: argparse.Namespace) -> int:
                 direction=args.direction,
                 softcap=args.softcap,
             )
-            # The run's first cell follows the longest idle (start-up), after which the burst lasts longest.
-            preheat_ms = PREHEAT_MS * (3 if not results else 1)
-            results.append(_bench_shape(shape, impls, timer, args.repeats, l2_bytes or FALLBACK_L2_BYTES, preheat_ms))
+            results.append(_bench_shape(shape, impls, timer, args.repeats, l2_bytes or FALLBACK_L2_BYTES))
             _print_row(results[-1])
     for row in results:
         _attach_clocks(row, monitor)
@@ -203,8 +203,7 @@ def _call(impl: Callable, shape: Shape, inputs: tuple[torch.Tensor, ...]) -> obj
     return torch.autograd.grad(out, inputs[:3], inputs[3])
 
 
-def _bench_shape(shape: Shape, impls: dict, timer: Callable, repeats: int, l2_bytes: int,
-                 preheat_ms: float = PREHEAT_MS) -> dict:
+def _bench_shape(shape: Shape, impls: dict, timer: Callable, repeats: int, l2_bytes: int) -> dict:
     sets = _input_sets(shape, l2_bytes)
     samples: dict[str, list[float]] = {name: [] for name in impls}
     spans: dict[str, list[tuple[datetime, datetime]]] = {name: [] for name in impls}  # local times, as nvidia-smi's
@@ -224,7 +223,7 @@ def _bench_shape(shape: Shape, impls: dict, timer: Callable, repeats: int, l2_by
                     fn()  # first call: JIT compile / kernel selection stays out of the timing
                     torch.cuda.synchronize()
                     if i == 0:
-                        preheat(fn, preheat_ms)
+                        preheat(fn)
                     start = datetime.now()
                     samples[name].append(timer(fn))
                     spans[name].append((start, datetime.now()))
@@ -278,9 +277,15 @@ def median_timer() -> tuple[str, Callable[[Callable[[], object]], float]]:
     return "triton.testing.do_bench", lambda fn: do_bench(fn, warmup=WARMUP_MS, rep=REP_MS, return_mode="median")
 
 
+_preheated = False  # whether this process has preheated the GPU yet
+
+
 def preheat(fn: Callable[[], object], ms: float = PREHEAT_MS) -> None:
-    """Run `fn` untimed for about `ms` milliseconds, so that the timing that follows sees the GPU's sustained
-    clock under load rather than the burst its power limiter allows after idle."""
+    """Run `fn` untimed for about `ms` milliseconds (COLD_PREHEAT_MS the first time in the process), so that the
+    timing that follows sees the GPU's sustained clock under load rather than the burst its power limiter allows
+    after idle."""
+    global _preheated
+    ms, _preheated = (ms if _preheated else max(ms, COLD_PREHEAT_MS)), True
     start = time.perf_counter()
     while (time.perf_counter() - start) * 1e3 < ms:
         for _ in range(4):

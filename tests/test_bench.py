@@ -20,7 +20,7 @@ def test_each_repeat_rotates_which_implementation_runs_first(monkeypatch):
     monkeypatch.setattr(bench.torch.cuda, "synchronize", lambda: None)
     calls: list[str] = []
     preheated: list[str] = []
-    monkeypatch.setattr(bench, "preheat", lambda fn, ms: preheated.append(calls[-1]))
+    monkeypatch.setattr(bench, "preheat", lambda fn: preheated.append(calls[-1]))
     impls = {name: (contextlib.nullcontext, lambda causal, name=name: calls.append(name)) for name in "abc"}
     timer = lambda fn: (fn(), 2.0)[1]  # noqa: E731
     row = bench._bench_shape(bench.Shape(64, False, 128, 1, 1, "bf16"), impls, timer, repeats=3, l2_bytes=0)
@@ -30,6 +30,22 @@ def test_each_repeat_rotates_which_implementation_runs_first(monkeypatch):
     assert row["ms"] == {"a": 2.0, "b": 2.0, "c": 2.0}
     assert row["samples_ms"] == {name: [2.0] * 3 for name in "abc"}
     assert [len(spans) for spans in row["_spans"].values()] == [3, 3, 3]
+
+
+def test_the_process_first_preheat_is_the_long_one(monkeypatch):
+    """The first preheat follows the longest idle (the machine's start), so it lasts COLD_PREHEAT_MS; later ones
+    the time asked for."""
+    clock = [0.0]
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(bench.torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(bench, "_preheated", False)
+    calls = []
+    fn = lambda: (calls.append(1), clock.__setitem__(0, clock[0] + 0.125))  # noqa: E731  (125 ms per call)
+    bench.preheat(fn, 1000)
+    assert len(calls) == bench.COLD_PREHEAT_MS // 125
+    calls.clear()
+    bench.preheat(fn, 1000)
+    assert len(calls) == 8
 
 
 def test_each_timing_gets_the_clock_and_power_it_ran_at():
