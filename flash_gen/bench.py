@@ -42,11 +42,9 @@ WARMUP_MS, REP_MS = 25, 100  # triton.testing.do_bench's defaults
 # Untimed load before each implementation's first timing in a cell. After the GPU idles (between cells; during
 # a peer's first call, which builds its plan) the H200 runs above its sustained clock for up to a second (1980
 # against 1600-1850 MHz at its 700 W limit): such first timings ran up to 12% faster than the rest at 2k
-# (2026-12-02), which favoured whichever implementation came right after an idle gap. With 1 s, only the run's
-# first timing still did (1958 MHz; every other first timing at most 1845); with 3 s too, after a machine's start
-# (1965 MHz, 9% fast), so the process's first preheat, which follows the longest idle, lasts 10 s.
+# (2026-12-02), which favoured whichever implementation came right after an idle gap. (The run's very first timing
+# still did with 3 s and with 10 s: that idle came after the preheat, see median_timer.)
 PREHEAT_MS = 1000
-COLD_PREHEAT_MS = 10_000
 FALLBACK_L2_BYTES = 60 * 2**20  # H200; used when the device does not report its L2 size
 
 
@@ -274,18 +272,17 @@ def median_timer() -> tuple[str, Callable[[Callable[[], object]], float]]:
         from triton.testing import do_bench
     except ImportError:
         return "cuda_events", events_median
+    # The process's first do_bench sets up triton's driver, which on a fresh machine builds its launcher with the
+    # host compiler: seconds of GPU idle between the first preheat and the first timing, which then ran 9-12% fast
+    # (H200, 2026-12-02). Done here, before anything is timed.
+    x = torch.zeros(1, device="cuda")
+    do_bench(lambda: x.add_(1), warmup=1, rep=1)
     return "triton.testing.do_bench", lambda fn: do_bench(fn, warmup=WARMUP_MS, rep=REP_MS, return_mode="median")
 
 
-_preheated = False  # whether this process has preheated the GPU yet
-
-
 def preheat(fn: Callable[[], object], ms: float = PREHEAT_MS) -> None:
-    """Run `fn` untimed for about `ms` milliseconds (COLD_PREHEAT_MS the first time in the process), so that the
-    timing that follows sees the GPU's sustained clock under load rather than the burst its power limiter allows
-    after idle."""
-    global _preheated
-    ms, _preheated = (ms if _preheated else max(ms, COLD_PREHEAT_MS)), True
+    """Run `fn` untimed for about `ms` milliseconds, so that the timing that follows sees the GPU's sustained
+    clock under load rather than the burst its power limiter allows after idle."""
     start = time.perf_counter()
     while (time.perf_counter() - start) * 1e3 < ms:
         for _ in range(4):

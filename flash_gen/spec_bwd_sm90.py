@@ -16,24 +16,31 @@ class Sm90BwdConfig:
     """block_m queries per step x block_n keys per CTA (two warpgroups of 64 keys, or 64 keys shared when the head
     dim is split), two Q/dO buffers; the template takes any block_m, the feasibility rule admits 64 x 128 (64 x 64
     at head dim 256) only for now. `overlap`: the dK/dV wgmmas run on through the dS barrier and the dQ GEMM
-    instead of being waited for first (name suffix "o")."""
+    instead of being waited for first (name suffix "o"). `dq_bulk`: each step's dQ goes through shared memory and
+    leaves as bulk asynchronous reductions (`cp.reduce.async.bulk`, one per row, lane 0 of each warp issuing its
+    8 rows) instead of each thread's `red.global.add` of its accumulators (suffix "b")."""
 
     block_m: int = 64
     block_n: int = 128
     overlap: bool = False
+    dq_bulk: bool = False
 
     @property
     def name(self) -> str:
-        return f"wgbm{self.block_m}n{self.block_n}" + ("o" if self.overlap else "")
+        return f"wgbm{self.block_m}n{self.block_n}" + ("o" if self.overlap else "") + ("b" if self.dq_bulk else "")
 
     @property
     def num_threads(self) -> int:
         return 256
 
 
+# Floats of padding after each row of the bulk-dQ buffer: a warp's 8-byte stores of a wgmma accumulator cover 8 rows,
+# which then fall in distinct banks (two wavefronts, as few as 256 bytes take).
+DQ_ROW_PAD = 8
+
 # The tuner's axes where this kernel is the default (flash_gen.search.space): the dK/dV overlap for now (the tiles
 # are fixed per head dim); stages, block_m and the producer scheme join here as the template learns them.
-SM90_BWD_CONFIG_SPACE = {"block_m": (64,), "block_n": (64, 128), "overlap": (False, True)}
+SM90_BWD_CONFIG_SPACE = {"block_m": (64,), "block_n": (64, 128), "overlap": (False, True), "dq_bulk": (False, True)}
 
 
 def sm90_bwd_head_dim(key: BwdKey) -> int:
@@ -50,24 +57,30 @@ def split_head_dim(key: BwdKey) -> bool:
 
 def default_sm90_bwd_config(key: BwdKey) -> Sm90BwdConfig:
     """The tiling the kernel takes for `key`'s head dim, overlapping the dK/dV wgmmas where that measured ahead:
-    fwd+bwd +1.5-3% at head dim 64 on the H200, at 128 +2% without a mask but -1% causal. Packed batches above
-    head dim 64 go without: the overlap spills 8 B there (NVRTC 13.0)."""
+    fwd+bwd +1.5-3% at head dim 64 on the H200, at 128 +2% without a mask but -1% causal. At head dim 128 the
+    overlap with bulk dQ measured ahead of both, without a mask and causal (+1-2% and +1-3% fwd+bwd, 2k-8k,
+    docs/hopper_backward.md); at 64 bulk dQ measured 1-3% behind. Both stay off where they spill 4-8 B (NVRTC 13.0):
+    the overlap in packed batches with a mask, the pair with a window, packed and causal, or packed with ALiBi."""
     d = sm90_bwd_head_dim(key)
-    return Sm90BwdConfig(64, 64 if split_head_dim(key) else 128, d <= 64 or (key.mask == "none" and not key.varlen))
+    bulk = d == 128 and not key.deterministic and not key.varlen and key.mask in ("none", "causal")
+    overlap = d <= 64 or bulk or (key.mask == "none" and not key.varlen)
+    return Sm90BwdConfig(64, 64 if split_head_dim(key) else 128, overlap, bulk)
 
 
 def sm90_bwd_config_from_name(name: str) -> Sm90BwdConfig | None:
     """Inverse of Sm90BwdConfig.name, or None for a name of another kernel family."""
-    m = re.fullmatch(r"wgbm(\d+)n(\d+)(o?)", name)
-    return Sm90BwdConfig(int(m[1]), int(m[2]), bool(m[3])) if m else None
+    m = re.fullmatch(r"wgbm(\d+)n(\d+)(o?)(b?)", name)
+    return Sm90BwdConfig(int(m[1]), int(m[2]), bool(m[3]), bool(m[4])) if m else None
 
 
 def sm90_bwd_smem_bytes(key: BwdKey, cfg: Sm90BwdConfig) -> int:
-    """Q, dO (two buffers each), K, V and dS tiles (2-byte elements), the tile's lse and rowsum(dO*O), when the
-    head dim is split P^T in 2- and 4-byte elements, then the two buffers' mbarriers."""
+    """Q, dO (two buffers each), K, V and dS tiles (2-byte elements), with bulk dQ the step's dQ in fp32 (rows
+    padded by DQ_ROW_PAD floats), the tile's lse and rowsum(dO*O), when the head dim is split P^T in 2- and 4-byte
+    elements, then the two buffers' mbarriers."""
     d, tile = sm90_bwd_head_dim(key), cfg.block_m * cfg.block_n
     split = 6 * tile if split_head_dim(key) else 0
-    return 2 * (4 * cfg.block_m * d + 2 * cfg.block_n * d + tile) + 2 * 4 * cfg.block_m + split + 2 * 8
+    dq = 4 * cfg.block_m * (d + DQ_ROW_PAD) if cfg.dq_bulk else 0
+    return 2 * (4 * cfg.block_m * d + 2 * cfg.block_n * d + tile) + dq + 2 * 4 * cfg.block_m + split + 2 * 8
 
 
 def sm90_bwd_infeasible_reason(key: BwdKey, cfg: Sm90BwdConfig) -> str | None:
@@ -83,6 +96,8 @@ def sm90_bwd_infeasible_reason(key: BwdKey, cfg: Sm90BwdConfig) -> str | None:
     if key.head_dim % 8 or not (key.head_dim <= 128 or key.head_dim == 256):
         # 136-248 would compute as 256 (192 splits into 96-column halves: no 128-byte swizzled operand)
         return f"head_dim {key.head_dim}: a multiple of 8 up to 128, or 256"
+    if cfg.dq_bulk and (key.deterministic or split_head_dim(key)):
+        return "bulk dQ: not with deterministic dQ (ordered reductions) or a split head dim (shared memory)"
     if sm90_bwd_smem_bytes(key, cfg) > MAX_SMEM_PER_BLOCK[key.arch]:
         return "shared memory"
     return None

@@ -32,22 +32,6 @@ def test_each_repeat_rotates_which_implementation_runs_first(monkeypatch):
     assert [len(spans) for spans in row["_spans"].values()] == [3, 3, 3]
 
 
-def test_the_process_first_preheat_is_the_long_one(monkeypatch):
-    """The first preheat follows the longest idle (the machine's start), so it lasts COLD_PREHEAT_MS; later ones
-    the time asked for."""
-    clock = [0.0]
-    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
-    monkeypatch.setattr(bench.torch.cuda, "synchronize", lambda: None)
-    monkeypatch.setattr(bench, "_preheated", False)
-    calls = []
-    fn = lambda: (calls.append(1), clock.__setitem__(0, clock[0] + 0.125))  # noqa: E731  (125 ms per call)
-    bench.preheat(fn, 1000)
-    assert len(calls) == bench.COLD_PREHEAT_MS // 125
-    calls.clear()
-    bench.preheat(fn, 1000)
-    assert len(calls) == 8
-
-
 def test_each_timing_gets_the_clock_and_power_it_ran_at():
     """nvidia-smi's samples are matched to each timing's span; a span with no sample gets None."""
     text = (

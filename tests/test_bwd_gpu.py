@@ -78,6 +78,10 @@ TILINGS = [
     ("bf16", 64, "win64_64", "m128n128w8a244s2"),
     ("fp16", 128, "winInf_17", "wgbm64n128"),
     ("bf16", 128, "causal", "wgbm64n128o"),  # the dK/dV overlap where it is not the default
+    # dQ through shared memory and bulk reductions, with and without the overlap (and packed GQA rows: 301 x 777)
+    ("bf16", 128, "none", "wgbm64n128ob"),
+    ("fp16", 64, "causal", "wgbm64n128ob"),
+    ("bf16", 128, "win64_64", "wgbm64n128b"),
 ]
 
 

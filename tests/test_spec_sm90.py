@@ -180,10 +180,14 @@ def test_hopper_backward_is_the_sm90_default_where_it_fits():
                 BwdKey("sm90", "bf16", 64, "none", softcap=True),
                 BwdKey("sm90", "bf16", 128, "causal", softcap=True, alibi=True)]
     assert all(bwd_tilings.default_config(k) == default_sm90_bwd_config(k) for k in hopper)
-    assert {default_sm90_bwd_config(k).name for k in hopper} == {"wgbm64n128", "wgbm64n128o", "wgbm64n64", "wgbm64n64o"}
-    # the dK/dV overlap where it measured ahead: head dim 64 (computed), and unmasked dense batches
-    assert all(default_sm90_bwd_config(k).overlap == (k.head_dim <= 64 or (k.mask == "none" and not k.varlen))
-               for k in hopper)
+    assert {default_sm90_bwd_config(k).name for k in hopper} == {"wgbm64n128", "wgbm64n128o", "wgbm64n128ob",
+                                                                   "wgbm64n64", "wgbm64n64o"}
+    # bulk dQ with the overlap at head dims 72-128 (computed as 128), dense, unmasked or causal, not deterministic
+    bulk = [k for k in hopper if 64 < k.head_dim <= 128 and not (k.varlen or k.deterministic) and k.mask != "local"]
+    assert all(default_sm90_bwd_config(k).dq_bulk == (k in bulk) for k in hopper)
+    # the dK/dV overlap where it measured ahead: head dim 64 (computed), unmasked dense batches, and with bulk dQ
+    assert all(default_sm90_bwd_config(k).overlap == (k.head_dim <= 64 or (k.mask == "none" and not k.varlen)
+                                                      or k in bulk) for k in hopper)
     assert all(bwd_tilings.default_config(k) == spec_bwd.default_bwd_config(k) for k in portable)
 
 
@@ -202,3 +206,24 @@ def test_hopper_backward_compiles_on_wgmma(tmp_path, monkeypatch):
     assert c.ok, f"{c.entry}: spills or serialised wgmmas"
     assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16" in c.result.ptx  # S^T, dP^T, dK, dV
     assert "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16" in c.result.ptx  # dQ, head dim split in two
+
+
+def test_hopper_backward_bulk_dq(tmp_path, monkeypatch):
+    """dq_bulk ("b"): dQ leaves through shared memory as bulk reductions, none element by element; not with
+    deterministic dQ or a split head dim."""
+    from flash_gen.spec_bwd import BwdKey
+    from flash_gen.spec_bwd_sm90 import Sm90BwdConfig, sm90_bwd_config_from_name, sm90_bwd_infeasible_reason
+
+    monkeypatch.setenv("FLASH_GEN_CACHE_DIR", str(tmp_path))
+    cfg = Sm90BwdConfig(64, 128, overlap=True, dq_bulk=True)
+    assert cfg.name == "wgbm64n128ob" and sm90_bwd_config_from_name(cfg.name) == cfg
+    key = BwdKey("sm90", "bf16", 64, "none")
+    assert sm90_bwd_infeasible_reason(key, cfg) is None
+    assert "deterministic" in sm90_bwd_infeasible_reason(BwdKey("sm90", "bf16", 64, "none", deterministic=True), cfg)
+    split = Sm90BwdConfig(64, 64, dq_bulk=True)
+    assert "split" in sm90_bwd_infeasible_reason(BwdKey("sm90", "bf16", 256, "none"), split)
+    (c,) = batches.compile_batch([(key, cfg)])
+    assert c.error is None, c.error
+    assert c.ok, f"{c.entry}: spills or serialised wgmmas"
+    assert "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32" in c.result.ptx
+    assert "red.global.add" not in c.result.ptx

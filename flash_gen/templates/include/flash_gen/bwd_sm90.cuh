@@ -20,13 +20,14 @@
 #include "flash_gen/bwd_sm90_params.cuh"
 #include "flash_gen/convert_pairs.cuh"
 #include "flash_gen/sm80_utils.cuh"  // copy_zfill, copy_predicated (K/V in by cp.async, dK/dV out)
+#include "flash_gen/sm90_bulk_reduce.cuh"
 #include "flash_gen/sm90_sync.cuh"
 #include "flash_gen/sm90_wgmma.cuh"
 
 namespace flash_gen {
 
 template <class Element_, int kHeadDim_, int kHeadDimIO_, int kBlockM_, int kBlockN_, bool kOverlap_, Mask kMask_,
-          bool kAlibi_, bool kVarlen_, bool kDeterministic_>
+          bool kAlibi_, bool kVarlen_, bool kDeterministic_, bool kDqBulk_>
 struct Sm90BwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;      // what the GEMMs compute: 64, 128 or 256
@@ -46,6 +47,15 @@ struct Sm90BwdTraits {
   static constexpr bool kDeterministic = kDeterministic_;
   // Whether the dK/dV wgmmas run on through the dS barrier and the dQ GEMM (a tunable, Sm90BwdConfig.overlap).
   static constexpr bool kOverlapDkvDq = kOverlap_;
+  // dQ through shared memory and out by bulk reductions (Sm90BwdConfig.dq_bulk): the consumers store their
+  // accumulators (rows padded by 8 floats: a warp's 8-byte stores then hit distinct banks), and lane 0 of every
+  // warp reduces its share of the rows into dq_accum, taking the per-element reductions off the load/store queue.
+  // One lane per warp: the bulk reduction is a uniform-datapath instruction, so lanes holding different rows would
+  // be serialised; and every warp a share, so that no one warp comes late to the next step's first barrier.
+  static constexpr bool kDqBulk = kDqBulk_;
+  static constexpr int kDqRowsPerWarp = kBlockM / (kNThreads / 32);
+  static_assert(!kDqBulk || (!kSplitHeadDim && !kDeterministic));
+  static constexpr int kDqRowFloats = kHeadDim + 8;
   static_assert(kHeadDim % 64 == 0 && kHeadDim <= 256 && kHeadDimIO <= kHeadDim && kHeadDimIO % 8 == 0);
 
   using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;
@@ -94,7 +104,8 @@ struct Sm90BwdTraits {
   static constexpr int kSplitBytes = kSplitHeadDim ? kBlockN * kBlockM * (int(sizeof(Element)) + 4) : 0;
   static constexpr int kSmemBytes =
       int(sizeof(Element)) * (2 * kStages * kBlockM * kHeadDim + 2 * kBlockN * kHeadDim + kBlockM * kBlockN) +
-      2 * kBlockM * int(sizeof(float)) + kSplitBytes + kStages * int(sizeof(MBarrier));
+      (kDqBulk ? kBlockM * kDqRowFloats * int(sizeof(float)) : 0) + 2 * kBlockM * int(sizeof(float)) + kSplitBytes +
+      kStages * int(sizeof(MBarrier));
 };
 
 // threadIdx.x through an opaque read: the epilogue's thread offsets are then recomputed after the main loop rather
@@ -116,7 +127,8 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   Element* smem_k = smem_do + T::kStages * kBlockM * kD;
   Element* smem_v = smem_k + kBlockN * kD;
   Element* smem_ds = smem_v + kBlockN * kD;
-  float* smem_lse = reinterpret_cast<float*>(smem_ds + kBlockM * kBlockN);
+  float* smem_dq = reinterpret_cast<float*>(smem_ds + kBlockM * kBlockN);  // bulk dQ only; 16-byte aligned
+  float* smem_lse = smem_dq + (T::kDqBulk ? kBlockM * T::kDqRowFloats : 0);
   float* smem_dsum = smem_lse + kBlockM;
   float* smem_pt_f32 = smem_dsum + kBlockM;  // split only: (fragment element, thread of the warpgroup)
   Element* smem_pt = reinterpret_cast<Element*>(smem_pt_f32 + (T::kSplitHeadDim ? kBlockN * kBlockM : 0));
@@ -173,6 +185,7 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   // Warp-uniform, as the shuffle tells the compiler: the smem descriptors, which depend on the warpgroup alone,
   // then live in uniform registers rather than in each thread's.
   const int wg = __shfl_sync(0xffffffff, tidx / 128, 0);
+  const int warp = __shfl_sync(0xffffffff, tidx / 32, 0), lane = tidx % 32;  // bulk dQ: each warp's rows
   auto thr_sdp = mma_sdp.get_thread_slice(T::kSplitHeadDim ? tidx % 128 : tidx);
   auto thr_dkv = mma_dkv.get_thread_slice(tidx);
   auto thr_dq = mma_dq.get_thread_slice(tidx);
@@ -315,6 +328,10 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
           warpgroup_fence_operand(tdKrdSt);
         }
       }
+      // The last step's dQ reductions have read their buffer before anyone rewrites it (below, after this barrier).
+      if constexpr (T::kDqBulk) {
+        if (lane == 0) bulk_wait_read();
+      }
       if constexpr (!T::kSplitHeadDim) __syncthreads();  // dS complete (split: since the barrier above)
 
       Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kD>>{});
@@ -327,15 +344,37 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
       warpgroup_fence_operand(acc_dv);
       warpgroup_fence_operand(acc_dk);
       warpgroup_fence_operand(acc_dq);
-      Tensor gdQ = make_tensor(make_gmem_ptr(p.dq_accum + (acc0 + row0) * kD), Shape<Int<kBlockM>, Int<kD>>{},
-                               Stride<Int<kD>, _1>{});
-      add_dq<T::kDeterministic, MaskBounds<T::kMask>::kLeft, kBlockN>(p, thr_dq.partition_C(gdQ), acc_dq, acc0 + row0,
-                                                                      n_block, row0 + diag);
+      float* dq_rows = p.dq_accum + (acc0 + row0) * kD;  // the tile's rows, contiguous
+      if constexpr (T::kDqBulk) {
+        Tensor tdQsdQ = thr_dq.partition_C(make_tensor(make_smem_ptr(smem_dq), Shape<Int<kBlockM>, Int<kD>>{},
+                                                       Stride<Int<T::kDqRowFloats>, _1>{}));
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc_dq); i += 2) {  // elements 2i, 2i+1: adjacent columns of one row
+          *reinterpret_cast<float2*>(&tdQsdQ(i)) = make_float2(acc_dq(i), acc_dq(i + 1));
+        }
+        fence_smem_for_async_proxy();  // the generic-proxy stores, before the bulk reductions read them
+      } else {
+        Tensor gdQ = make_tensor(make_gmem_ptr(dq_rows), Shape<Int<kBlockM>, Int<kD>>{}, Stride<Int<kD>, _1>{});
+        add_dq<T::kDeterministic, MaskBounds<T::kMask>::kLeft, kBlockN>(p, thr_dq.partition_C(gdQ), acc_dq,
+                                                                        acc0 + row0, n_block, row0 + diag);
+      }
       __syncthreads();  // every warpgroup is done with Q, dO and dS before the next tile overwrites them
+      if constexpr (T::kDqBulk) {
+        if (lane == 0) {
+          CUTE_UNROLL
+          for (int r = warp * T::kDqRowsPerWarp; r < (warp + 1) * T::kDqRowsPerWarp; ++r) {
+            bulk_reduce_add_f32(dq_rows + r * kD, smem_dq + r * T::kDqRowFloats, kD * int(sizeof(float)));
+          }
+          bulk_commit_group();
+        }
+      }
     }
   }
 
   // Epilogue: dK scaled, dK and dV staged through the K/V buffers and stored with 16-byte vectors.
+  if constexpr (T::kDqBulk) {  // the dQ buffer stays allocated, and dq_accum complete, until the reductions are done
+    if (lane == 0) bulk_wait_done();
+  }
   __syncthreads();
   CUTE_UNROLL
   for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= p.softmax_scale;
