@@ -75,12 +75,13 @@ def sm90_bwd_config_from_name(name: str) -> Sm90BwdConfig | None:
 
 def sm90_bwd_smem_bytes(key: BwdKey, cfg: Sm90BwdConfig) -> int:
     """Q, dO (two buffers each), K, V and dS tiles (2-byte elements), with bulk dQ the step's dQ in fp32 (rows
-    padded by DQ_ROW_PAD floats), the tile's lse and rowsum(dO*O), when the head dim is split P^T in 2- and 4-byte
-    elements, then the two buffers' mbarriers."""
+    padded by DQ_ROW_PAD floats), when the head dim is split P^T in 4- and 2-byte elements, then per buffer the
+    tile's lse and rowsum(dO*O) (4 floats more each: their bulk copies start at a 16-byte boundary) and mbarrier."""
     d, tile = sm90_bwd_head_dim(key), cfg.block_m * cfg.block_n
     split = 6 * tile if split_head_dim(key) else 0
     dq = 4 * cfg.block_m * (d + DQ_ROW_PAD) if cfg.dq_bulk else 0
-    return 2 * (4 * cfg.block_m * d + 2 * cfg.block_n * d + tile) + dq + 2 * 4 * cfg.block_m + split + 2 * 8
+    stats = 2 * 4 * (cfg.block_m + 4)
+    return 2 * (4 * cfg.block_m * d + 2 * cfg.block_n * d + tile) + dq + split + 2 * (stats + 8)
 
 
 def sm90_bwd_infeasible_reason(key: BwdKey, cfg: Sm90BwdConfig) -> str | None:

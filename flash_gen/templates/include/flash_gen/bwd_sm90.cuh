@@ -7,8 +7,9 @@
 // One CTA (two warpgroups, 256 threads) owns a 128-key tile of K and V for one (batch, KV head) and walks the
 // query tiles that see it, for every query head sharing that KV head, like the portable backward (bwd_sm80.cuh),
 // with its parameters (BwdParams, after TMA maps of q and dout), preprocess and dQ conversion. One thread loads the
-// next query tile's Q and dO by TMA into the other of two buffers while this one computes (completing on that
-// buffer's mbarrier); K and V arrive once by cp.async; a barrier ends each query tile. Warp specialisation (a
+// next query tile's Q, dO and row statistics (lse, rowsum(dO * O)) by TMA into the other of two buffers while this
+// one computes (completing on that buffer's mbarrier); K and V arrive once by cp.async; a barrier ends each query
+// tile. Warp specialisation (a
 // producer warp, no block-wide barriers) is the next step. Head dims up to 128, computed as 64 or 128 (loads
 // zero-fill the columns past the tensors' head dim, stores skip them), and 256 (the warpgroups splitting the head
 // dim, below); masks and ALiBi (not softcap), dense or packed ragged batches, dQ additions in a fixed order when
@@ -20,7 +21,7 @@
 #include "flash_gen/bwd_sm90_params.cuh"
 #include "flash_gen/convert_pairs.cuh"
 #include "flash_gen/sm80_utils.cuh"  // copy_zfill, copy_predicated (K/V in by cp.async, dK/dV out)
-#include "flash_gen/sm90_bulk_reduce.cuh"
+#include "flash_gen/sm90_bulk.cuh"
 #include "flash_gen/sm90_sync.cuh"
 #include "flash_gen/sm90_wgmma.cuh"
 
@@ -99,13 +100,17 @@ struct Sm90BwdTraits {
   using GmemLoad = typename GmemCopy<Element, kNThreads, kHeadDim>::Load;
   using GmemStore = typename GmemCopy<Element, kNThreads, kHeadDim>::Store;
   static constexpr int kBoxCols = 64;  // a TMA box row is one 128-byte swizzle row
-  static constexpr uint32_t kStageTxBytes = 2 * kBlockM * kHeadDim * sizeof(Element);  // Q and dO tiles
+  // A tile's row statistics (lse, rowsum(dO * O)) arrive by bulk copy from the 16-byte boundary at or before its
+  // first row: packed batches start entries at any row.
+  static constexpr int kStatFloats = kBlockM + 4;
+  static constexpr uint32_t kStageTxBytes =  // Q and dO tiles, and the statistics
+      2 * kBlockM * kHeadDim * sizeof(Element) + 2 * kStatFloats * sizeof(float);
   // Split: P^T in bf16 (the dV operand) and fp32 (for warpgroup 1's dS^T), after the row statistics.
   static constexpr int kSplitBytes = kSplitHeadDim ? kBlockN * kBlockM * (int(sizeof(Element)) + 4) : 0;
   static constexpr int kSmemBytes =
       int(sizeof(Element)) * (2 * kStages * kBlockM * kHeadDim + 2 * kBlockN * kHeadDim + kBlockM * kBlockN) +
-      (kDqBulk ? kBlockM * kDqRowFloats * int(sizeof(float)) : 0) + 2 * kBlockM * int(sizeof(float)) + kSplitBytes +
-      kStages * int(sizeof(MBarrier));
+      (kDqBulk ? kBlockM * kDqRowFloats * int(sizeof(float)) : 0) + kSplitBytes +
+      2 * kStages * kStatFloats * int(sizeof(float)) + kStages * int(sizeof(MBarrier));
 };
 
 // threadIdx.x through an opaque read: the epilogue's thread offsets are then recomputed after the main loop rather
@@ -128,12 +133,12 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   Element* smem_v = smem_k + kBlockN * kD;
   Element* smem_ds = smem_v + kBlockN * kD;
   float* smem_dq = reinterpret_cast<float*>(smem_ds + kBlockM * kBlockN);  // bulk dQ only; 16-byte aligned
-  float* smem_lse = smem_dq + (T::kDqBulk ? kBlockM * T::kDqRowFloats : 0);
-  float* smem_dsum = smem_lse + kBlockM;
-  float* smem_pt_f32 = smem_dsum + kBlockM;  // split only: (fragment element, thread of the warpgroup)
+  // Split only: P^T as (fragment element, thread of the warpgroup) in fp32, then as a 1024-byte aligned operand.
+  float* smem_pt_f32 = smem_dq + (T::kDqBulk ? kBlockM * T::kDqRowFloats : 0);
   Element* smem_pt = reinterpret_cast<Element*>(smem_pt_f32 + (T::kSplitHeadDim ? kBlockN * kBlockM : 0));
-  MBarrier* q_full =  // per Q/dO buffer
-      reinterpret_cast<MBarrier*>(smem_pt + (T::kSplitHeadDim ? kBlockN * kBlockM : 0));
+  float* smem_lse = reinterpret_cast<float*>(smem_pt + (T::kSplitHeadDim ? kBlockN * kBlockM : 0));  // per buffer
+  float* smem_dsum = smem_lse + T::kStages * T::kStatFloats;
+  MBarrier* q_full = reinterpret_cast<MBarrier*>(smem_dsum + T::kStages * T::kStatFloats);  // per Q/dO buffer
 
   const int tidx = threadIdx.x;
   const int head_k = blockIdx.y;
@@ -217,6 +222,7 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
     float slope = 0.f;  // ALiBi, pre-divided by the softmax scale (alibi_scale) as scale_log2 multiplies it back
     if constexpr (T::kAlibi) slope = p.alibi_slopes[batch * p.alibi_batch_stride + head] * p.alibi_scale;
     const int64_t acc0 = acc_row0(p, T::kVarlen, batch, head, seq.q_start);
+    const int stat_shift = int(acc0 & 3);  // the statistics' rows from the 16-byte boundary (0 when dense)
     // Thread 0 only. A buffer is refilled after the barrier that ends the step that last read it.
     auto load_q_do = [&](int m, int stage) {
       q_full[stage].arrive_expect_tx(T::kStageTxBytes);
@@ -227,18 +233,20 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
         tma_load_4d(sp.tma_q, q_full[stage], smem_q + offset, c * T::kBoxCols, row, head, tma_batch);
         tma_load_4d(sp.tma_do, q_full[stage], smem_do + offset, c * T::kBoxCols, row, head, tma_batch);
       }
+      // The row buffers are padded to whole tiles (lse +inf, dsum 0 past seqlen_q); the up to 4 floats read past a
+      // tile stay inside their allocation (runtime/bwd.py: lse_log2, dsum and dq_accum are parts of one buffer).
+      const int64_t stat0 = acc0 + m * kBlockM - stat_shift;
+      bulk_load(smem_lse + stage * T::kStatFloats, p.lse_log2 + stat0, T::kStatFloats * sizeof(float), q_full[stage]);
+      bulk_load(smem_dsum + stage * T::kStatFloats, p.dsum + stat0, T::kStatFloats * sizeof(float), q_full[stage]);
     };
     if (tidx == 0 && m_min < m_max) load_q_do(m_min, step % T::kStages);
 
     for (int m = m_min; m < m_max; ++m, ++step) {
       const int row0 = m * kBlockM, stage = step % T::kStages;
       if (tidx == 0 && m + 1 < m_max) load_q_do(m + 1, (step + 1) % T::kStages);
-      if (tidx < kBlockM) {  // the buffers are padded to whole tiles: lse +inf and dsum 0 past seqlen_q
-        smem_lse[tidx] = p.lse_log2[acc0 + row0 + tidx];
-        smem_dsum[tidx] = p.dsum[acc0 + row0 + tidx];
-      }
-      q_full[stage].wait((step / T::kStages) & 1);  // this step's Q and dO have landed
-      __syncthreads();  // the row statistics
+      q_full[stage].wait((step / T::kStages) & 1);  // this step's Q, dO and row statistics have landed
+      const float* lse = smem_lse + stage * T::kStatFloats + stat_shift;
+      const float* dsum = smem_dsum + stage * T::kStatFloats + stat_shift;
       Tensor tSrQ = desc_sdp.partition_fragment_B(sQ(_, _, stage));
       Tensor tSrdO = desc_sdp.partition_fragment_B(sdO(_, _, stage));
       Tensor tdVrdOt = desc_dkv.partition_fragment_B(sdOt(_, _, stage));
@@ -260,9 +268,9 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
           if constexpr (MaskBounds<T::kMask>::kLeft) visible &= off >= left;
           float s = acc_s(i);
           if constexpr (T::kAlibi) s -= slope * float(abs(base + off));  // -slope * |i + diag - j|
-          const float pt = visible ? fast_exp2(s * p.scale_log2 - smem_lse[q]) : 0.f;
+          const float pt = visible ? fast_exp2(s * p.scale_log2 - lse[q]) : 0.f;
           acc_s(i) = pt;
-          if constexpr (decltype(with_dp)::value) acc_dp(i) = pt * (acc_dp(i) - smem_dsum[q]);
+          if constexpr (decltype(with_dp)::value) acc_dp(i) = pt * (acc_dp(i) - dsum[q]);
         }
       };
       // Unsplit: P^T and dS^T in bf16 registers, the A operands of dV and dK, live until those wgmmas are waited for.
@@ -294,7 +302,7 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
           CUTE_UNROLL
           for (int i = 0; i < size(acc); ++i) {
             const int q = q0 + (get<1>(cS(i)) - q0);
-            acc(i) = smem_pt_f32[i * 128 + tidx - 128] * (acc(i) - smem_dsum[q]);
+            acc(i) = smem_pt_f32[i * 128 + tidx - 128] * (acc(i) - dsum[q]);
           }
           convert_pairs(acc, frag);
           copy(frag, thr_sdp.partition_C(sdSt));

@@ -1,9 +1,18 @@
-// Bulk asynchronous reductions from shared to global memory (sm_90a) and the per-thread groups that track them.
-// Kept out of sm90_sync.cuh, which every Hopper kernel includes: only the backward's bulk dQ uses these.
+// Bulk (non-tensor) asynchronous copies (sm_90a): loads from global to shared memory completing on an mbarrier, and
+// reductions from shared to global memory with the per-thread groups that track them. Kept out of sm90_sync.cuh,
+// which every Hopper kernel includes: only the backward uses these.
 #pragma once
-#include "flash_gen/sm90_sync.cuh"  // smem_u32, uint32_t
+#include "flash_gen/sm90_sync.cuh"  // MBarrier, smem_u32, uint32_t
 
 namespace flash_gen {
+
+// smem[i] = gmem[i] over `bytes` (a multiple of 16; both addresses 16-byte aligned), counted on `bar`.
+__device__ __forceinline__ void bulk_load(void* smem, const void* gmem, uint32_t bytes, MBarrier& bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   smem_u32(smem)),
+               "l"(gmem), "r"(bytes), "r"(smem_u32(&bar.word))
+               : "memory");
+}
 
 // gmem[i] += smem[i] over `bytes` (a multiple of 16; both addresses 16-byte aligned) of fp32, in this thread's
 // current bulk group.
