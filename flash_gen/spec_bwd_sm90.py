@@ -59,8 +59,9 @@ def default_sm90_bwd_config(key: BwdKey) -> Sm90BwdConfig:
     """The tiling the kernel takes for `key`'s head dim, overlapping the dK/dV wgmmas where that measured ahead:
     fwd+bwd +1.5-3% at head dim 64 on the H200, at 128 +2% without a mask but -1% causal. At head dim 128 the
     overlap with bulk dQ measured ahead of both, without a mask and causal (+1-2% and +1-3% fwd+bwd, 2k-8k,
-    docs/hopper_backward.md); at 64 bulk dQ measured 1-3% behind. Both stay off where they spill 4-8 B (NVRTC 13.0):
-    the overlap in packed batches with a mask, the pair with a window, packed and causal, or packed with ALiBi."""
+    docs/hopper_backward.md); at 64 bulk dQ measured 1-3% behind. Both stay off in packed batches and under a
+    window, where they spilled 4-8 B until the row statistics moved to bulk copies; they compile spill-free there
+    now (NVRTC 13.0, 2026-12-02), but were not measured yet."""
     d = sm90_bwd_head_dim(key)
     bulk = d == 128 and not key.deterministic and not key.varlen and key.mask in ("none", "causal")
     overlap = d <= 64 or bulk or (key.mask == "none" and not key.varlen)
