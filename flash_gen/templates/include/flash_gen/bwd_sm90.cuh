@@ -9,11 +9,10 @@
 // with its parameters (BwdParams, after TMA maps of q and dout), preprocess and dQ conversion. One thread loads the
 // next query tile's Q, dO and row statistics (lse, rowsum(dO * O)) by TMA into the other of two buffers while this
 // one computes (completing on that buffer's mbarrier); K and V arrive once by cp.async; a barrier ends each query
-// tile. Warp specialisation (a
-// producer warp, no block-wide barriers) is the next step. Head dims up to 128, computed as 64 or 128 (loads
-// zero-fill the columns past the tensors' head dim, stores skip them), and 256 (the warpgroups splitting the head
-// dim, below); masks and ALiBi (not softcap), dense or packed ragged batches, dQ additions in a fixed order when
-// deterministic (bwd_dq.cuh).
+// tile. Warp specialisation (a producer warp, no block-wide barriers) is the next step. Head dims up to 128,
+// computed as 64 or 128 (loads zero-fill the columns past the tensors' head dim, stores skip them), and 256 (the
+// warpgroups splitting the head dim, below); masks and ALiBi (not softcap), dense or packed ragged batches, dQ
+// additions in a fixed order when deterministic (bwd_dq.cuh).
 #pragma once
 #include "flash_gen/bwd_dq.cuh"
 #include "flash_gen/bwd_key_tile.cuh"
@@ -52,7 +51,7 @@ struct Sm90BwdTraits {
   // accumulators (rows padded by 8 floats: a warp's 8-byte stores then hit distinct banks), and lane 0 of every
   // warp reduces its share of the rows into dq_accum, taking the per-element reductions off the load/store queue.
   // One lane per warp: the bulk reduction is a uniform-datapath instruction, so lanes holding different rows would
-  // be serialised; and every warp a share, so that no one warp comes late to the next step's first barrier.
+  // be serialised; and every warp a share, so that no one warp comes late to the next step's barriers.
   static constexpr bool kDqBulk = kDqBulk_;
   static constexpr int kDqRowsPerWarp = kBlockM / (kNThreads / 32);
   static_assert(!kDqBulk || (!kSplitHeadDim && !kDeterministic));
@@ -105,7 +104,7 @@ struct Sm90BwdTraits {
   static constexpr int kStatFloats = kBlockM + 4;
   static constexpr uint32_t kStageTxBytes =  // Q and dO tiles, and the statistics
       2 * kBlockM * kHeadDim * sizeof(Element) + 2 * kStatFloats * sizeof(float);
-  // Split: P^T in bf16 (the dV operand) and fp32 (for warpgroup 1's dS^T), after the row statistics.
+  // Split: P^T in fp32 (for warpgroup 1's dS^T) and bf16 (the dV operand).
   static constexpr int kSplitBytes = kSplitHeadDim ? kBlockN * kBlockM * (int(sizeof(Element)) + 4) : 0;
   static constexpr int kSmemBytes =
       int(sizeof(Element)) * (2 * kStages * kBlockM * kHeadDim + 2 * kBlockN * kHeadDim + kBlockM * kBlockN) +
