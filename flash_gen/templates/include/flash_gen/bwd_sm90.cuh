@@ -206,7 +206,11 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   clear(acc_dv);
   // Each S^T element's (key, query) within the tile.
   Tensor cS = thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
-  Tensor tdSsdSt = thr_sdp.partition_C(make_tensor(make_smem_ptr(smem_ds), typename T::SmemLayoutdSt{}));
+  // dS^T into the query-major dS tile by stmatrix: each 8 x 8 block's key rows are 16 contiguous bytes there. (Per
+  // element, the stores went through generic 64-bit addresses with the swizzle computed on each.)
+  auto ds_store = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_sdp);
+  auto thr_ds_store = ds_store.get_thread_slice(T::kSplitHeadDim ? tidx % 128 : tidx);
+  Tensor tdSsdSt = thr_ds_store.partition_D(make_tensor(make_smem_ptr(smem_ds), typename T::SmemLayoutdSt{}));
   Tensor sPt = make_tensor(make_smem_ptr(smem_pt), typename T::SmemLayoutPt{});
   Tensor sdSt = make_tensor(make_smem_ptr(smem_ds), typename T::SmemLayoutPt{});
 
@@ -221,7 +225,8 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
     float slope = 0.f;  // ALiBi, pre-divided by the softmax scale (alibi_scale) as scale_log2 multiplies it back
     if constexpr (T::kAlibi) slope = p.alibi_slopes[batch * p.alibi_batch_stride + head] * p.alibi_scale;
     const int64_t acc0 = acc_row0(p, T::kVarlen, batch, head, seq.q_start);
-    const int stat_shift = int(acc0 & 3);  // the statistics' rows from the 16-byte boundary (0 when dense)
+    // The statistics' rows from the 16-byte boundary; dense rows start at multiples of block_m (acc_row0).
+    const int stat_shift = T::kVarlen ? int(acc0 & 3) : 0;
     // Thread 0 only. A buffer is refilled after the barrier that ends the step that last read it.
     auto load_q_do = [&](int m, int stage) {
       q_full[stage].arrive_expect_tx(T::kStageTxBytes);
@@ -246,6 +251,11 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
       q_full[stage].wait((step / T::kStages) & 1);  // this step's Q, dO and row statistics have landed
       const float* lse = smem_lse + stage * T::kStatFloats + stat_shift;
       const float* dsum = smem_dsum + stage * T::kStatFloats + stat_shift;
+      // The statistics of queries q and q + 1 (q even): one 8-byte load where dense rows keep them aligned.
+      auto stat_pair = [&](const float* rows, int q) {
+        if constexpr (T::kVarlen) return make_float2(rows[q], rows[q + 1]);
+        else return *reinterpret_cast<const float2*>(rows + q);
+      };
       Tensor tSrQ = desc_sdp.partition_fragment_B(sQ(_, _, stage));
       Tensor tSrdO = desc_sdp.partition_fragment_B(sdO(_, _, stage));
       Tensor tdVrdOt = desc_dkv.partition_fragment_B(sdOt(_, _, stage));
@@ -260,16 +270,21 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
         const int base = col0 + key0 - (row0 + q0 + diag), key_end = seqlen_k - col0 - key0;
         const int right = p.window_right - base, left = -p.window_left - base;
         CUTE_UNROLL
-        for (int i = 0; i < size(acc_s); ++i) {
-          const int dk = get<0>(cS(i)) - key0, q = q0 + (get<1>(cS(i)) - q0), off = dk - (q - q0);
-          bool visible = dk < key_end;
-          if constexpr (MaskBounds<T::kMask>::kRight) visible &= off <= right;
-          if constexpr (MaskBounds<T::kMask>::kLeft) visible &= off >= left;
-          float s = acc_s(i);
-          if constexpr (T::kAlibi) s -= slope * float(abs(base + off));  // -slope * |i + diag - j|
-          const float pt = visible ? fast_exp2(s * p.scale_log2 - lse[q]) : 0.f;
-          acc_s(i) = pt;
-          if constexpr (decltype(with_dp)::value) acc_dp(i) = pt * (acc_dp(i) - dsum[q]);
+        for (int i = 0; i < size(acc_s); i += 2) {  // elements i, i + 1: one key, queries q and q + 1
+          const int q = q0 + (get<1>(cS(i)) - q0);
+          const float2 lse2 = stat_pair(lse, q), dsum2 = stat_pair(dsum, q);
+          CUTE_UNROLL
+          for (int j = 0; j < 2; ++j) {
+            const int dk = get<0>(cS(i + j)) - key0, off = dk - (q + j - q0);
+            bool visible = dk < key_end;
+            if constexpr (MaskBounds<T::kMask>::kRight) visible &= off <= right;
+            if constexpr (MaskBounds<T::kMask>::kLeft) visible &= off >= left;
+            float s = acc_s(i + j);
+            if constexpr (T::kAlibi) s -= slope * float(abs(base + off));  // -slope * |i + diag - j|
+            const float pt = visible ? fast_exp2(s * p.scale_log2 - (j ? lse2.y : lse2.x)) : 0.f;
+            acc_s(i + j) = pt;
+            if constexpr (decltype(with_dp)::value) acc_dp(i + j) = pt * (acc_dp(i + j) - (j ? dsum2.y : dsum2.x));
+          }
         }
       };
       // Unsplit: P^T and dS^T in bf16 registers, the A operands of dV and dK, live until those wgmmas are waited for.
@@ -292,19 +307,20 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
           CUTE_UNROLL
           for (int i = 0; i < size(acc); ++i) smem_pt_f32[i * 128 + tidx] = acc(i);
           convert_pairs(acc, frag);
-          copy(frag, thr_sdp.partition_C(sPt));
+          copy(ds_store, thr_ds_store.retile_S(frag), thr_ds_store.partition_D(sPt));
           fence_smem_for_async_proxy();
         }
         __syncthreads();  // P^T complete
         if (wg == 1) {  // dS^T = P^T (dP^T - rowsum(dO * O)): the same fragment positions as warpgroup 0's
           const int q0 = get<1>(cS(0));
           CUTE_UNROLL
-          for (int i = 0; i < size(acc); ++i) {
-            const int q = q0 + (get<1>(cS(i)) - q0);
-            acc(i) = smem_pt_f32[i * 128 + tidx - 128] * (acc(i) - dsum[q]);
+          for (int i = 0; i < size(acc); i += 2) {
+            const float2 dsum2 = stat_pair(dsum, q0 + (get<1>(cS(i)) - q0));
+            acc(i) = smem_pt_f32[i * 128 + tidx - 128] * (acc(i) - dsum2.x);
+            acc(i + 1) = smem_pt_f32[(i + 1) * 128 + tidx - 128] * (acc(i + 1) - dsum2.y);
           }
           convert_pairs(acc, frag);
-          copy(frag, thr_sdp.partition_C(sdSt));
+          copy(ds_store, thr_ds_store.retile_S(frag), thr_ds_store.partition_D(sdSt));
           fence_smem_for_async_proxy();
         }
         __syncthreads();  // dS^T complete
@@ -321,7 +337,7 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
         softmax_grad(acc_s, acc_dp, cute::true_type{});
         convert_pairs(acc_s, pt_frag);
         convert_pairs(acc_dp, dst_frag);
-        copy(dst_frag, tdSsdSt);
+        copy(ds_store, thr_ds_store.retile_S(dst_frag), tdSsdSt);
         fence_smem_for_async_proxy();  // the generic-proxy dS stores, before wgmma reads them
         warpgroup_fence_operand(tdVrPt);
         wgmma_issue<false>(mma_dkv, tdVrPt, tdVrdOt, acc_dv);
