@@ -218,6 +218,23 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   fence_smem_for_async_proxy();  // cp.async wrote them through the generic proxy; wgmma reads them
   __syncthreads();  // K and V visible, barriers initialised
 
+  // Bulk dQ: the global rows of the last step's tile, whose reductions from the shared buffer are issued under the
+  // next step's first GEMMs (or after the last step) rather than between the step's closing barrier and those GEMMs,
+  // where every warp's share of them held back its warpgroup's wgmma.
+  float* dq_pending = nullptr;
+  auto reduce_pending_dq = [&] {
+    if constexpr (T::kDqBulk) {
+      if (lane == 0 && dq_pending != nullptr) {
+        CUTE_UNROLL
+        for (int r = warp * T::kDqRowsPerWarp; r < (warp + 1) * T::kDqRowsPerWarp; ++r) {
+          bulk_reduce_add_f32(dq_pending + r * kD, smem_dq + r * T::kDqRowFloats, kD * int(sizeof(float)));
+        }
+        bulk_commit_group();
+      }
+      dq_pending = nullptr;
+    }
+  };
+
   // Steps count across heads: step t uses buffer t % kStages, whose barrier completes its (t / kStages)-th phase.
   int step = 0;
   for (int g = 0; g < group; ++g) {
@@ -247,8 +264,13 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
 
     for (int m = m_min; m < m_max; ++m, ++step) {
       const int row0 = m * kBlockM, stage = step % T::kStages;
-      if (tidx == 0 && m + 1 < m_max) load_q_do(m + 1, (step + 1) % T::kStages);
       q_full[stage].wait((step / T::kStages) & 1);  // this step's Q, dO and row statistics have landed
+      // Issued once this step's first GEMMs are, so that they do not wait for it: thread 0 fills the other buffer
+      // (free since the last step's closing barrier), and the last step's dQ leaves.
+      auto under_first_gemms = [&] {
+        if (tidx == 0 && m + 1 < m_max) load_q_do(m + 1, (step + 1) % T::kStages);
+        reduce_pending_dq();
+      };
       const float* lse = smem_lse + stage * T::kStatFloats + stat_shift;
       const float* dsum = smem_dsum + stage * T::kStatFloats + stat_shift;
       // The statistics of queries q and q + 1 (q even): one 8-byte load where dense rows keep them aligned.
@@ -299,6 +321,7 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
         } else {
           wgmma_issue<true>(mma_sdp, tSrV, tSrdO, acc);
         }
+        under_first_gemms();
         warpgroup_wait<0>();
         warpgroup_fence_operand(acc);
         Tensor frag = make_tensor<Element>(acc.layout());
@@ -331,6 +354,7 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
         Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
         wgmma_issue<true>(mma_sdp, tSrK, tSrQ, acc_s);
         wgmma_issue<true>(mma_sdp, tSrV, tSrdO, acc_dp);
+        under_first_gemms();
         warpgroup_wait<0>();
         warpgroup_fence_operand(acc_s);
         warpgroup_fence_operand(acc_dp);
@@ -382,17 +406,10 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
                                                                         acc0 + row0, n_block, row0 + diag);
       }
       __syncthreads();  // every warpgroup is done with Q, dO and dS before the next tile overwrites them
-      if constexpr (T::kDqBulk) {
-        if (lane == 0) {
-          CUTE_UNROLL
-          for (int r = warp * T::kDqRowsPerWarp; r < (warp + 1) * T::kDqRowsPerWarp; ++r) {
-            bulk_reduce_add_f32(dq_rows + r * kD, smem_dq + r * T::kDqRowFloats, kD * int(sizeof(float)));
-          }
-          bulk_commit_group();
-        }
-      }
+      if constexpr (T::kDqBulk) dq_pending = dq_rows;
     }
   }
+  reduce_pending_dq();
 
   // Epilogue: dK scaled, dK and dV staged through the K/V buffers and stored with 16-byte vectors.
   if constexpr (T::kDqBulk) {  // the dQ buffer stays allocated, and dq_accum complete, until the reductions are done
