@@ -287,7 +287,8 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
       // Coordinates as offsets from the thread's first element fold into constants (attn_mask.cuh does the same):
       // an element's key offset from its query's diagonal is base + off, so the bounds become per-thread limits on
       // the constant off, compared against immediates.
-      auto softmax_grad = [&](auto& acc_s, auto& acc_dp, auto with_dp) {
+      // `masked`: whether any element may be hidden; steps inside every bound (see `interior`) skip the checks.
+      auto softmax_grad = [&](auto& acc_s, auto& acc_dp, auto with_dp, auto masked) {
         const int key0 = get<0>(cS(0)), q0 = get<1>(cS(0));
         const int base = col0 + key0 - (row0 + q0 + diag), key_end = seqlen_k - col0 - key0;
         const int right = p.window_right - base, left = -p.window_left - base;
@@ -298,15 +299,31 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
           CUTE_UNROLL
           for (int j = 0; j < 2; ++j) {
             const int dk = get<0>(cS(i + j)) - key0, off = dk - (q + j - q0);
-            bool visible = dk < key_end;
-            if constexpr (MaskBounds<T::kMask>::kRight) visible &= off <= right;
-            if constexpr (MaskBounds<T::kMask>::kLeft) visible &= off >= left;
             float s = acc_s(i + j);
             if constexpr (T::kAlibi) s -= slope * float(abs(base + off));  // -slope * |i + diag - j|
-            const float pt = visible ? fast_exp2(s * p.scale_log2 - (j ? lse2.y : lse2.x)) : 0.f;
+            float pt = fast_exp2(s * p.scale_log2 - (j ? lse2.y : lse2.x));
+            if constexpr (decltype(masked)::value) {
+              bool visible = dk < key_end;
+              if constexpr (MaskBounds<T::kMask>::kRight) visible &= off <= right;
+              if constexpr (MaskBounds<T::kMask>::kLeft) visible &= off >= left;
+              pt = visible ? pt : 0.f;
+            }
             acc_s(i + j) = pt;
             if constexpr (decltype(with_dp)::value) acc_dp(i + j) = pt * (acc_dp(i + j) - (j ? dsum2.y : dsum2.x));
           }
+        }
+      };
+      // Whether every (query, key) pair of the step is visible: keys inside seqlen_k and inside the mask's bounds
+      // (query i sees key j iff i + diag - window_left <= j <= i + diag + window_right). Uniform over the CTA.
+      const bool interior =
+          col0 + kBlockN <= seqlen_k &&
+          (!MaskBounds<T::kMask>::kRight || col0 + kBlockN - 1 <= row0 + diag + p.window_right) &&
+          (!MaskBounds<T::kMask>::kLeft || col0 >= row0 + kBlockM - 1 + diag - p.window_left);
+      auto softmax_grad_step = [&](auto& acc_s, auto& acc_dp, auto with_dp) {
+        if (interior) {
+          softmax_grad(acc_s, acc_dp, with_dp, cute::false_type{});
+        } else {
+          softmax_grad(acc_s, acc_dp, with_dp, cute::true_type{});
         }
       };
       // Unsplit: P^T and dS^T in bf16 registers, the A operands of dV and dK, live until those wgmmas are waited for.
@@ -326,7 +343,7 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
         warpgroup_fence_operand(acc);
         Tensor frag = make_tensor<Element>(acc.layout());
         if (wg == 0) {  // P^T: fp32 for warpgroup 1's dS^T (thread-interleaved: conflict-free), bf16 for dV
-          softmax_grad(acc, acc, cute::false_type{});
+          softmax_grad_step(acc, acc, cute::false_type{});
           CUTE_UNROLL
           for (int i = 0; i < size(acc); ++i) smem_pt_f32[i * 128 + tidx] = acc(i);
           convert_pairs(acc, frag);
@@ -358,7 +375,7 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
         warpgroup_wait<0>();
         warpgroup_fence_operand(acc_s);
         warpgroup_fence_operand(acc_dp);
-        softmax_grad(acc_s, acc_dp, cute::true_type{});
+        softmax_grad_step(acc_s, acc_dp, cute::true_type{});
         convert_pairs(acc_s, pt_frag);
         convert_pairs(acc_dp, dst_frag);
         copy(ds_store, thr_ds_store.retile_S(dst_frag), tdSsdSt);
