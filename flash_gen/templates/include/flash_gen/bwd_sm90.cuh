@@ -313,12 +313,10 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
           }
         }
       };
-      // Whether every (query, key) pair of the step is visible: keys inside seqlen_k and inside the mask's bounds
-      // (query i sees key j iff i + diag - window_left <= j <= i + diag + window_right). Uniform over the CTA.
+      // Whether every (query, key) pair of the step is visible (keys inside seqlen_k and inside the mask's
+      // bounds), as the forward decides per tile. Uniform over the CTA.
       const bool interior =
-          col0 + kBlockN <= seqlen_k &&
-          (!MaskBounds<T::kMask>::kRight || col0 + kBlockN - 1 <= row0 + diag + p.window_right) &&
-          (!MaskBounds<T::kMask>::kLeft || col0 >= row0 + kBlockM - 1 + diag - p.window_left);
+          !tile_is_cut<T::kMask>(row0, kBlockM, col0, kBlockN, seqlen_k, diag, p.window_left, p.window_right);
       auto softmax_grad_step = [&](auto& acc_s, auto& acc_dp, auto with_dp) {
         if (interior) {
           softmax_grad(acc_s, acc_dp, with_dp, cute::false_type{});
