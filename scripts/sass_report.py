@@ -5,8 +5,12 @@ kernel is slow (how the 2026-11-30 Hopper forward work found per-element F2FP/PR
 
 For every cached kernel whose entry name matches the regular expression: the most frequent opcodes (static
 counts over the whole kernel), the wgmma shapes (HGMMA.MxNxK), local-memory traffic (LDL/STL: spills) and the
-wgmma waits (WARPGROUP.DEPBAR). Needs `cuobjdump`: on PATH, or the copy Triton's wheel carries
-(`pip install --target /tmp/tp --no-deps triton` puts it under /tmp/tp/triton/backends/nvidia/bin).
+wgmma waits (WARPGROUP.DEPBAR). With --spans, also the code between synchronisation points (wgmma waits and
+arrives, block barriers, mbarrier waits), in address order, with each span's length and commonest opcodes: where a
+step's instructions go (2026-12-02: 90 of the backward's 352 between the S^T wait and the dK/dV wgmmas were dS
+stores through generic addresses). Needs `cuobjdump` (and `nvdisasm`): on PATH, or the copy Triton's wheel carries
+(`pip install --target /tmp/tp --no-deps triton` puts it under /tmp/tp/triton/backends/nvidia/bin); without a GPU,
+the `nvidia-cuda-cuobjdump` and `nvidia-cuda-nvdisasm` wheels' nvidia/cu13/bin work too.
 """
 
 from __future__ import annotations
@@ -47,11 +51,37 @@ def census(sass: str) -> tuple[collections.Counter, collections.Counter]:
     return ops, shapes
 
 
+_SYNC_POINTS = ("WARPGROUP", "BAR", "SYNCS")  # wgmma arrive/wait, named and block barriers, mbarrier waits
+_ADDRESS = re.compile(r"^\s*/\*([0-9a-f]+)\*/")
+
+
+def spans(sass: str, min_len: int = 1) -> list[tuple[int, str, int, collections.Counter]]:
+    """The listing cut before every synchronisation point: (address, the opcode that opens the span, instruction
+    count, opcode counts) of each span of at least `min_len` instructions."""
+    out, current = [], None
+    for line in sass.splitlines():
+        m = _OPCODE.match(line)
+        if not m:
+            continue
+        op = m.group(1)
+        if current is None or op in _SYNC_POINTS:
+            if current is not None and current[2] >= min_len:
+                out.append(current)
+            current = [int(_ADDRESS.match(line).group(1), 16), op + (m.group(2) or ""), 0, collections.Counter()]
+        current[2] += 1
+        current[3][op] += 1
+    if current is not None and current[2] >= min_len:
+        out.append(current)
+    return [tuple(s) for s in out]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("pattern", help="regular expression matched against kernel entry names")
     parser.add_argument("--cache", type=Path, default=Path(os.environ.get("FLASH_GEN_CACHE_DIR", ".kernels")))
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--spans", type=int, default=0, metavar="N",
+                        help="also list the spans between synchronisation points of at least N instructions")
     args = parser.parse_args()
     tool = _cuobjdump()
     found = 0
@@ -70,6 +100,9 @@ def main() -> int:
         print("  " + "  ".join(f"{op} {n}" for op, n in ops.most_common(args.top)))
         print(f"  HGMMA shapes: {dict(shapes) or '-'}; LDL {ops['LDL']}, STL {ops['STL']}; "
               f"WARPGROUP.DEPBAR/ARRIVE {ops['WARPGROUP']}")
+        for address, opener, count, span_ops in spans(listing, args.spans) if args.spans else ():
+            print(f"  {address:#07x} {opener:28s} {count:4d}: " + "  ".join(
+                f"{op} {n}" for op, n in span_ops.most_common(6)))
     if not found:
         print(f"no cached kernel matches {args.pattern!r} in {args.cache}", file=sys.stderr)
         return 1
