@@ -20,13 +20,22 @@ _DOC_COMMON = """
     unbounded; causal sets right = 0). softcap > 0 applies softcap * tanh(scores / softcap). alibi_slopes
     (float32, (nheads,) or (batch, nheads)) adds -slope * |i + seqlen_k - seqlen_q - j| to the scores. Rows that
     see no key output 0 (and get zero gradients). deterministic=True makes the backward pass bitwise
-    reproducible (the forward always is). return_attn_probs=True raises NotImplementedError.
+    reproducible (the forward always is). return_attn_probs=True returns (out, softmax_lse, None) as flash_attn does
+    without dropout: softmax_lse float32, (batch, nheads, seqlen_q) or, packed, (nheads, total_q); the natural-log
+    logsumexp of each query row's scaled scores (+inf for rows that see no key), not differentiable.
 
     fp16 or bf16 on one CUDA device; stride 1 along head_dim (other strides are free); head_dim a multiple of 8
     up to 256; nheads a multiple of nheads_k (MQA/GQA: dK/dV are summed over the query heads of each KV head).
     Differentiable (autograd, torch.compile(fullgraph=True), CUDA graphs). Raises TypeError / ValueError naming
     the offending argument (see flash_gen.validate).
 """
+
+
+def _outputs(outputs: tuple[torch.Tensor, torch.Tensor],
+             return_attn_probs: bool) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, None]:
+    """out, or with return_attn_probs (out, softmax_lse, None): flash_attn returns the probabilities only with
+    dropout, which flash_gen does not implement."""
+    return (outputs[0], outputs[1], None) if return_attn_probs else outputs[0]
 
 
 def flash_attn_func(
@@ -41,10 +50,10 @@ def flash_attn_func(
     alibi_slopes: torch.Tensor | None = None,
     deterministic: bool = False,
     return_attn_probs: bool = False,
-) -> torch.Tensor:
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, None]:
     attn = check_attn_args(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                            return_attn_probs)
-    return ops.call(ops.fwd, q, k, v, None, None, *attn)[0]
+    return _outputs(ops.call(ops.fwd, q, k, v, None, None, *attn), return_attn_probs)
 
 
 def flash_attn_kvpacked_func(
@@ -58,10 +67,10 @@ def flash_attn_kvpacked_func(
     alibi_slopes: torch.Tensor | None = None,
     deterministic: bool = False,
     return_attn_probs: bool = False,
-) -> torch.Tensor:
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, None]:
     attn = check_attn_args(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                            return_attn_probs)
-    return ops.call(ops.fwd_kvpacked, q, kv, None, None, *attn)[0]
+    return _outputs(ops.call(ops.fwd_kvpacked, q, kv, None, None, *attn), return_attn_probs)
 
 
 def flash_attn_qkvpacked_func(
@@ -74,10 +83,10 @@ def flash_attn_qkvpacked_func(
     alibi_slopes: torch.Tensor | None = None,
     deterministic: bool = False,
     return_attn_probs: bool = False,
-) -> torch.Tensor:
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, None]:
     attn = check_attn_args(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                            return_attn_probs)
-    return ops.call(ops.fwd_qkvpacked, qkv, None, None, *attn)[0]
+    return _outputs(ops.call(ops.fwd_qkvpacked, qkv, None, None, *attn), return_attn_probs)
 
 
 def flash_attn_varlen_func(
@@ -97,13 +106,14 @@ def flash_attn_varlen_func(
     deterministic: bool = False,
     return_attn_probs: bool = False,
     block_table: torch.Tensor | None = None,
-) -> torch.Tensor:
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, None]:
     attn = check_attn_args(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                            return_attn_probs)
     check_varlen_args(max_seqlen_q, max_seqlen_k)
     if block_table is not None:  # paged K/V: inference only
-        return ops.call(ops.fwd_varlen_paged, q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, *attn[:-1])[0]
-    return ops.call(ops.fwd, q, k, v, cu_seqlens_q, cu_seqlens_k, *attn)[0]
+        outputs = ops.call(ops.fwd_varlen_paged, q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, *attn[:-1])
+        return _outputs(outputs, return_attn_probs)
+    return _outputs(ops.call(ops.fwd, q, k, v, cu_seqlens_q, cu_seqlens_k, *attn), return_attn_probs)
 
 
 def flash_attn_varlen_kvpacked_func(
@@ -121,11 +131,11 @@ def flash_attn_varlen_kvpacked_func(
     alibi_slopes: torch.Tensor | None = None,
     deterministic: bool = False,
     return_attn_probs: bool = False,
-) -> torch.Tensor:
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, None]:
     attn = check_attn_args(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                            return_attn_probs)
     check_varlen_args(max_seqlen_q, max_seqlen_k)
-    return ops.call(ops.fwd_kvpacked, q, kv, cu_seqlens_q, cu_seqlens_k, *attn)[0]
+    return _outputs(ops.call(ops.fwd_kvpacked, q, kv, cu_seqlens_q, cu_seqlens_k, *attn), return_attn_probs)
 
 
 def flash_attn_varlen_qkvpacked_func(
@@ -140,11 +150,11 @@ def flash_attn_varlen_qkvpacked_func(
     alibi_slopes: torch.Tensor | None = None,
     deterministic: bool = False,
     return_attn_probs: bool = False,
-) -> torch.Tensor:
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, None]:
     attn = check_attn_args(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                            return_attn_probs)
     check_varlen_args(max_seqlen, max_seqlen)
-    return ops.call(ops.fwd_qkvpacked, qkv, cu_seqlens, cu_seqlens, *attn)[0]
+    return _outputs(ops.call(ops.fwd_qkvpacked, qkv, cu_seqlens, cu_seqlens, *attn), return_attn_probs)
 
 
 def flash_attn_with_kvcache(

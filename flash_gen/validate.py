@@ -479,8 +479,7 @@ def _check_unsupported(dropout_p: float, return_attn_probs: bool) -> None:
         raise ValueError(f"dropout_p: must be in [0, 1], got {dropout_p!r}")
     if dropout_p > 0:
         raise NotImplementedError(f"dropout_p: dropout is not implemented yet in flash_gen (got {dropout_p})")
-    if _check_bool("return_attn_probs", return_attn_probs):
-        raise NotImplementedError("return_attn_probs: returning attention probabilities is not implemented yet")
+    _check_bool("return_attn_probs", return_attn_probs)  # without dropout: (out, softmax_lse, None), as flash_attn
 
 
 def _require_tensor(name: str, t: object) -> None:

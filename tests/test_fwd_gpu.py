@@ -141,7 +141,11 @@ def test_api_matches_runtime(case: Case):
     causal, window = MASKS[case.mask]
     softcap = SOFTCAP if case.feature == "softcap" else 0.0
     kwargs = dict(causal=causal, window_size=window, softcap=softcap, alibi_slopes=alibi)
-    assert torch.equal(flash_attn_func(q, k, v, **kwargs), _run(q, k, v, **kwargs)[0])
+    out, lse = _run(q, k, v, **kwargs)
+    assert torch.equal(flash_attn_func(q, k, v, **kwargs), out)
+    # flash_attn without dropout: (out, softmax_lse, None)
+    got = flash_attn_func(q, k, v, return_attn_probs=True, **kwargs)
+    assert len(got) == 3 and got[2] is None and torch.equal(got[0], out) and torch.equal(got[1], lse)
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
@@ -163,6 +167,10 @@ def test_requires_grad_inputs_run_forward():
     q, k, v = (torch.randn(2, 64, 4, 64, generator=gen, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     expected = flash_attn_func(q, k, v)
     assert torch.equal(flash_attn_func(q.requires_grad_(), k.requires_grad_(), v.requires_grad_()), expected)
+    out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True)  # softmax_lse is not differentiable
+    assert out.requires_grad and not lse.requires_grad
+    out.sum().backward()
+    assert all(t.grad is not None for t in (q, k, v))
 
 
 def test_eager_calls_skip_the_dispatcher_and_traced_calls_keep_the_op(monkeypatch):
