@@ -22,7 +22,8 @@ _DOC_COMMON = """
     see no key output 0 (and get zero gradients). deterministic=True makes the backward pass bitwise
     reproducible (the forward always is). return_attn_probs=True returns (out, softmax_lse, None) as flash_attn does
     without dropout: softmax_lse float32, (batch, nheads, seqlen_q) or, packed, (nheads, total_q); the natural-log
-    logsumexp of each query row's scaled scores (+inf for rows that see no key), not differentiable.
+    logsumexp of each query row's scores after scale, softcap and ALiBi (+inf for rows that see no key), not
+    differentiable.
 
     fp16 or bf16 on one CUDA device; stride 1 along head_dim (other strides are free); head_dim a multiple of 8
     up to 256; nheads a multiple of nheads_k (MQA/GQA: dK/dV are summed over the query heads of each KV head).
