@@ -696,7 +696,9 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
     // Named barrier ids after the ping-pong ones. With a buffer of its own, the previous tile's stores must have
     // read it (the storing thread waits for that before it arrives here); through Q, the CTA's one tile is done.
     if constexpr (T::kSeparateO) named_barrier_sync(T::kConsumers + 1 + wg, 128);
-    copy(o_out, thr_o.partition_C(sO));
+    auto o_store = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_o);  // stmatrix
+    auto thr_o_store = o_store.get_thread_slice(tidx);
+    copy(o_store, thr_o_store.retile_S(o_out), thr_o_store.partition_D(sO));
     if constexpr (T::kVarlen) {
       // A TMA box of 64 rows would also write the neighbouring entries' rows. Consecutive threads take
       // consecutive 16-byte chunks of a row (coalesced); chunks past the tensor's own head dim are padding.
