@@ -102,6 +102,10 @@ struct Sm90FwdTraits {
   using MmaS = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockN>, Int<kHeadDim>>>(),
       Layout<Shape<Int<kConsumers>, _1, _1>>{}));
+  // A warpgroup's last key step whose visible keys all lie in the first half of the key tile runs its P V GEMM
+  // over that half only (K halved, in whole k16 steps). (The S GEMM with N halved as well made ptxas serialise
+  // the kernel's wgmmas: C7511, "insufficient register resources", even with its own accumulator.)
+  static constexpr bool kHalfSteps = kBlockN % 32 == 0;
   using PVShape = Shape<_64, Int<kHeadDim>, Int<kBlockN>>;
   using MmaO = decltype(make_tiled_mma(
       cute::conditional_t<kPInSmem,
@@ -474,9 +478,20 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
       named_barrier_sync(2 * T::kConsumers + 1 + wg, 128);
     }
   };
-  auto issue_pv = [&](int stage) {
+  auto issue_s = [&](int stage) {
+    wgmma_issue<true>(mma_s, tSrQ, thr_s.partition_fragment_B(sK(_, _, stage)), acc_s);
+  };
+  // O += P V of a stage; with `half` (T::kHalfSteps), over the key tile's first half only (P is zero past it).
+  auto issue_pv = [&](int stage, bool half) {
     if constexpr (!T::kPInSmem) warpgroup_fence_operand(tOrP);
-    wgmma_issue<false>(mma_o, tOaP, thr_o.partition_fragment_B(sVt(_, _, stage)), acc_o);
+    Tensor tOrVt = thr_o.partition_fragment_B(sVt(_, _, stage));
+    if constexpr (T::kHalfSteps) {
+      if (half) {
+        wgmma_issue<false, kBlockN / 32>(mma_o, tOaP, tOrVt, acc_o);
+        return;
+      }
+    }
+    wgmma_issue<false>(mma_o, tOaP, tOrVt, acc_o);
   };
   // Per-row factors that bring O to the current row maxima, applied just before the next P V GEMM adds to O (the
   // one in flight still accumulates under the old maxima); skipped by warps where no row's maximum was raised.
@@ -530,6 +545,15 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
     bars.q_full.wait(round & 1);
     const Sm90Tile<T> tile = T::kPersistent ? *tile_slot : first;
     const int row0 = tile.row0, diag = tile.diag();
+    // This warpgroup's key steps end at wg_end (<= the tile's n_max) under a right bound or the sequence end: its
+    // rows see no key past last_col. Steps from there on it only keeps in step (skip_step); its last step's P V
+    // GEMM covers half the key tile (wg_half) where the other half is hidden from all its rows.
+    const int wg_pos0 = row0 + wg_rows * wg, wg_pos_last = min(wg_pos0 + wg_rows, tile.seqlen_q) - 1;
+    int last_col = tile.seqlen_k - 1;
+    if constexpr (MaskBounds<T::kMask>::kRight) last_col = min(last_col, wg_pos_last + diag + p.window_right);
+    const int wg_end = wg_pos_last < max(wg_pos0, 0) ? tile.n_min
+                                                     : max(tile.n_min, min(tile.n_max, max(0, last_col + kBlockN) / kBlockN));
+    const bool wg_half = T::kHalfSteps && wg_end > tile.n_min && last_col - (wg_end - 1) * kBlockN < kBlockN / 2;
     float slope = 0.f;
     if constexpr (T::kAlibi) slope = p.alibi_slopes[tile.batch * p.alibi_batch_stride + tile.head] * p.alibi_scale;
     // S_n = Q K_n^T, modified (softcap, ALiBi), masked and turned into P_n in place (fp32). Whether a key tile
@@ -561,7 +585,7 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
     auto s_alone = [&](int n, int stage) {
       bars.k_full[stage].wait((it / kStages) & 1);
       wait_turn();
-      wgmma_issue<true>(mma_s, tSrQ, thr_s.partition_fragment_B(sK(_, _, stage)), acc_s);
+      issue_s(stage);
       pass_turn();
       warpgroup_wait<0>();
       warpgroup_fence_operand(acc_s);
@@ -569,9 +593,26 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
       release_q_after(n);
     };
 
+    // A key step past wg_end: its stages released once loaded (an arrival before that could complete the
+    // previous use's phase), and its ping-pong turn passed on, as the other warpgroups expect.
+    auto skip_step = [&](int n) {
+      const int stage = it % kStages;
+      const uint32_t phase = (it / kStages) & 1;
+      bars.k_full[stage].wait(phase);
+      CUTE_UNROLL
+      for (int turn = 0; turn < (T::kOverlap ? 1 : 2); ++turn) {  // a serial step takes one turn per GEMM
+        wait_turn();
+        pass_turn();
+      }
+      release_kv(bars.k_empty[stage]);
+      release_q_after(n);
+      bars.v_full[stage].wait(phase);
+      release_kv(bars.v_empty[stage]);
+    };
+
     if (!T::kOverlap) {
       // Each key step in turn: S, its softmax, then P V. Two ping-pong turns per step, one per GEMM.
-      for (int n = tile.n_min; n < tile.n_max; ++n, ++it) {
+      for (int n = tile.n_min; n < wg_end; ++n, ++it) {
         const int stage = it % kStages;
         s_alone(n, stage);
         scores(n);
@@ -580,13 +621,13 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
         bars.v_full[stage].wait((it / kStages) & 1);
         if (n + 1 == tile.n_max) wait_v_tail(tile);
         wait_turn();
-        issue_pv(stage);
+        issue_pv(stage, wg_half && n + 1 == wg_end);
         pass_turn();
         warpgroup_wait<0>();
         warpgroup_fence_operand(acc_o);
         release_kv(bars.v_empty[stage]);
       }
-    } else if (tile.n_min < tile.n_max) {
+    } else if (tile.n_min < wg_end) {
       // Prologue: S of the first key step alone.
       int stage = it % kStages;
       s_alone(tile.n_min, stage);
@@ -603,7 +644,7 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
         warpgroup_fence_operand(acc_o);
         if (pv_stage >= 0) release_kv(bars.v_empty[pv_stage]);
       };
-      for (int n = tile.n_min + 1; n < tile.n_max; ++n) {
+      for (int n = tile.n_min + 1; n < wg_end; ++n) {
         const int prev = stage;
         const uint32_t prev_phase = (it / kStages) & 1;
         ++it;
@@ -612,10 +653,10 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
         finish_pv();
         make_p();
         wait_turn();
-        wgmma_issue<true>(mma_s, tSrQ, thr_s.partition_fragment_B(sK(_, _, stage)), acc_s);
+        issue_s(stage);
         rescale_o();
         bars.v_full[prev].wait(prev_phase);
-        issue_pv(prev);
+        issue_pv(prev, false);
         pv_stage = prev;
         pass_turn();
         warpgroup_wait<1>();  // S_n done, P V still running
@@ -629,13 +670,14 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
       make_p();
       rescale_o();
       bars.v_full[stage].wait((it / kStages) & 1);
-      wait_v_tail(tile);
-      issue_pv(stage);
+      if (wg_end == tile.n_max) wait_v_tail(tile);
+      issue_pv(stage, wg_half);
       warpgroup_wait<0>();
       warpgroup_fence_operand(acc_o);
       release_kv(bars.v_empty[stage]);
       ++it;
     }
+    for (int n = max(tile.n_min, wg_end); n < tile.n_max; ++n, ++it) skip_step(n);
 
     if (tile.n_min >= tile.n_max) release_q();  // an empty tile: no S GEMM read Q
 

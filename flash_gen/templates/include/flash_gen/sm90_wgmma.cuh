@@ -7,14 +7,15 @@
 namespace flash_gen {
 using namespace cute;
 
-// Issue the wgmmas of one GEMM as one batch (waited for with warpgroup_wait). kZeroInit overwrites the accumulator.
-template <bool kZeroInit, class Mma, class A, class B, class C>
+// Issue the wgmmas of one GEMM as one batch (waited for with warpgroup_wait). kZeroInit overwrites the accumulator;
+// kSteps > 0 computes only the first kSteps k-blocks of the operands' partitions (A, B: (MMA, M or N, K)).
+template <bool kZeroInit, int kSteps = 0, class Mma, class A, class B, class C>
 __device__ __forceinline__ void wgmma_issue(Mma& mma, A const& a, B const& b, C& c) {
   warpgroup_fence_operand(c);
   warpgroup_arrive();
   if constexpr (kZeroInit) mma.accumulate_ = GMMA::ScaleOut::Zero;
   CUTE_UNROLL
-  for (int k = 0; k < size<2>(a); ++k) {
+  for (int k = 0; k < (kSteps > 0 ? kSteps : int(size<2>(a))); ++k) {
     cute::gemm(mma, a(_, _, k), b(_, _, k), c);
     mma.accumulate_ = GMMA::ScaleOut::One;
   }
