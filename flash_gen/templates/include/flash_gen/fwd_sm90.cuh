@@ -431,7 +431,9 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
   claim_registers<T::kConsumerRegs>();
 
   const int tidx = threadIdx.x - 128;  // consumer thread
-  const int wg = tidx / 128;
+  // Warp-uniform by construction (a broadcast): values derived from it, such as a warpgroup's key steps and so the
+  // K/V stage of each step, stay in uniform registers (tidx / 128 alone made the stage descriptors per-thread).
+  const int wg = __shfl_sync(0xffffffff, tidx / 128, 0);
   const bool warp_leader = tidx % 32 == 0;
   Tensor sQ = make_tensor(make_smem_ptr(smem_q), typename T::SmemLayoutQ{});
   Tensor sK = make_tensor(make_smem_ptr(smem_k), typename T::SmemLayoutKV{});
