@@ -111,7 +111,8 @@ def test_renders_and_compiles_without_spills_on_wgmma(tmp_path, monkeypatch):
                 # an N outside CuTe's basic set; a cluster of two CTAs multicasting K/V
                 (FwdKey("sm90", "bf16", 128), Sm90FwdConfig(176, pingpong=False, cluster=2)),
                 (FwdKey("sm90", "bf16", 128, "causal"), Sm90FwdConfig(pingpong=False, persistent=True)),
-                (FwdKey("sm90", "bf16", 64, "causal", varlen=True), Sm90FwdConfig(block_m=192)),  # packed batch
+                # packed batch; block_n 96: a warpgroup's last P V GEMM over half the keys in three k-steps
+                (FwdKey("sm90", "bf16", 64, "causal", varlen=True), Sm90FwdConfig(96, block_m=192)),
                 (FwdKey("sm90", "bf16", 128, "causal", pack_gqa=True), Sm90FwdConfig(pingpong=False, persistent=True)),
                 # head dim 80 exactly: 16-column boxes in a 32-byte swizzle, P V's N = 80 an extended shape
                 (FwdKey("sm90", "bf16", 80, "causal"), Sm90FwdConfig(112, block_m=192))]
