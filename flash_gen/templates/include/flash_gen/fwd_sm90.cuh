@@ -553,8 +553,9 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
     const int wg_pos0 = row0 + wg_rows * wg, wg_pos_last = min(wg_pos0 + wg_rows, tile.seqlen_q) - 1;
     int last_col = tile.seqlen_k - 1;
     if constexpr (MaskBounds<T::kMask>::kRight) last_col = min(last_col, wg_pos_last + diag + p.window_right);
-    const int wg_end = wg_pos_last < max(wg_pos0, 0) ? tile.n_min
-                                                     : max(tile.n_min, min(tile.n_max, max(0, last_col + kBlockN) / kBlockN));
+    const int wg_end = wg_pos_last < max(wg_pos0, 0)
+                           ? tile.n_min
+                           : max(tile.n_min, min(tile.n_max, max(0, last_col + kBlockN) / kBlockN));
     const bool wg_half = T::kHalfSteps && wg_end > tile.n_min && last_col - (wg_end - 1) * kBlockN < kBlockN / 2;
     float slope = 0.f;
     if constexpr (T::kAlibi) slope = p.alibi_slopes[tile.batch * p.alibi_batch_stride + tile.head] * p.alibi_scale;
