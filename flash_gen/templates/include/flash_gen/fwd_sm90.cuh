@@ -547,16 +547,18 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
     bars.q_full.wait(round & 1);
     const Sm90Tile<T> tile = T::kPersistent ? *tile_slot : first;
     const int row0 = tile.row0, diag = tile.diag();
-    // This warpgroup's key steps end at wg_end (<= the tile's n_max) under a right bound or the sequence end: its
-    // rows see no key past last_col. Steps from there on it only keeps in step (skip_step); its last step's P V
-    // GEMM covers half the key tile (wg_half) where the other half is hidden from all its rows.
-    const int wg_pos0 = row0 + wg_rows * wg, wg_pos_last = min(wg_pos0 + wg_rows, tile.seqlen_q) - 1;
-    int last_col = tile.seqlen_k - 1;
-    if constexpr (MaskBounds<T::kMask>::kRight) last_col = min(last_col, wg_pos_last + diag + p.window_right);
-    const int wg_end = wg_pos_last < max(wg_pos0, 0)
-                           ? tile.n_min
-                           : max(tile.n_min, min(tile.n_max, max(0, last_col + kBlockN) / kBlockN));
-    const bool wg_half = T::kHalfSteps && wg_end > tile.n_min && last_col - (wg_end - 1) * kBlockN < kBlockN / 2;
+    // This warpgroup's key steps end at wg_end (<= the tile's n_max) under a right bound or the sequence end.
+    // Steps from there on it only keeps in step (skip_step); its last step's P V GEMM covers half the key tile
+    // (wg_half) where its rows see no key in the other half. Both from the key tiles its rows see, in whole and in
+    // half tiles.
+    const int wg_pos0 = max(row0 + wg_rows * wg, 0), wg_pos_last = min(row0 + wg_rows * (wg + 1), tile.seqlen_q) - 1;
+    int unused, wg_end, half_end;
+    visible_key_tiles<T::kMask, kBlockN>(wg_pos0, wg_pos_last, tile.seqlen_k, diag, p.window_left, p.window_right,
+                                         unused, wg_end);
+    visible_key_tiles<T::kMask, kBlockN / 2>(wg_pos0, wg_pos_last, tile.seqlen_k, diag, p.window_left,
+                                             p.window_right, unused, half_end);
+    wg_end = wg_pos_last < wg_pos0 ? tile.n_min : max(tile.n_min, min(tile.n_max, wg_end));
+    const bool wg_half = T::kHalfSteps && wg_end > tile.n_min && half_end <= 2 * wg_end - 1;
     float slope = 0.f;
     if constexpr (T::kAlibi) slope = p.alibi_slopes[tile.batch * p.alibi_batch_stride + tile.head] * p.alibi_scale;
     // S_n = Q K_n^T, modified (softcap, ALiBi), masked and turned into P_n in place (fp32). Whether a key tile
