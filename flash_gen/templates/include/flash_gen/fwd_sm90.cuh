@@ -741,8 +741,12 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
     Tensor o_out = make_tensor<Element>(acc_o.layout());
     convert_pairs(acc_o, o_out);
     // Named barrier ids after the ping-pong ones. With a buffer of its own, the previous tile's stores must have
-    // read it (the storing thread waits for that before it arrives here); through Q, the CTA's one tile is done.
-    if constexpr (T::kSeparateO) named_barrier_sync(T::kConsumers + 1 + wg, 128);
+    // read it: the storing thread waits for that only here, a tile after issuing them, so that wait stays off the
+    // next tile's first GEMM. Through Q, the CTA's one tile is done.
+    if constexpr (T::kSeparateO) {
+      if (tidx % 128 == 0) bulk_wait_read();
+      named_barrier_sync(T::kConsumers + 1 + wg, 128);
+    }
     auto o_store = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_o);  // stmatrix
     auto thr_o_store = o_store.get_thread_slice(tidx);
     copy(o_store, thr_o_store.retile_S(o_out), thr_o_store.partition_D(sO));
@@ -767,10 +771,12 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
           tma_store_5d(params.tma_o, smem_o + c * kBlockM * T::kBoxCols + wg * 64 * T::kBoxCols, c * T::kBoxCols, 0,
                        row0 + wg_rows * wg, tile.head, tile.batch);
         }
-        tma_store_commit_and_wait();  // the stores have read shared memory
+        bulk_commit_group();
+        if constexpr (!T::kSeparateO) bulk_wait_read();  // before the CTA exits, the stores have read Q's buffer
       }
     }
   }
+  if (T::kSeparateO && tidx % 128 == 0) bulk_wait_read();  // the last tile's stores, before the CTA exits
   // The other CTA's consumers may still be releasing stages on this CTA's barriers: no CTA of a cluster exits
   // before all are done.
   if constexpr (T::kCluster > 1) cluster_sync();

@@ -1,6 +1,6 @@
 // Bulk (non-tensor) asynchronous copies (sm_90a): loads from global to shared memory completing on an mbarrier, and
-// reductions from shared to global memory with the per-thread groups that track them. Kept out of sm90_sync.cuh,
-// which every Hopper kernel includes: only the backward uses these.
+// reductions from shared to global memory in the bulk groups of sm90_sync.cuh (which the TMA stores share). Kept
+// out of sm90_sync.cuh, which every Hopper kernel includes: only the backward uses these.
 #pragma once
 #include "flash_gen/sm90_sync.cuh"  // MBarrier, smem_u32, uint32_t
 
@@ -21,12 +21,6 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float* gmem, const float* sm
                "r"(smem_u32(smem)), "r"(bytes)
                : "memory");
 }
-
-// Close this thread's current bulk group (its bulk operations since the last commit).
-__device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
-
-// Wait until this thread's committed bulk groups have read their shared memory (it may then be rewritten).
-__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
 
 // Wait until this thread's committed bulk groups have completed, their global writes included.
 __device__ __forceinline__ void bulk_wait_done() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }

@@ -83,10 +83,11 @@ __device__ __forceinline__ void tma_store_5d(const TensorMap& map, const void* s
       : "memory");
 }
 
-// Commit this thread's TMA stores and wait until they have read their shared memory.
-__device__ __forceinline__ void tma_store_commit_and_wait() {
-  asm volatile("cp.async.bulk.commit_group;\ncp.async.bulk.wait_group.read 0;" ::: "memory");
-}
+// Close this thread's current bulk group (its TMA stores and bulk copies since the last commit).
+__device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+
+// Wait until this thread's committed bulk groups have read their shared memory (it may then be rewritten).
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
 
 // Orders this thread's generic-proxy shared-memory writes before later async-proxy (TMA, wgmma) reads.
 __device__ __forceinline__ void fence_smem_for_async_proxy() {
