@@ -172,10 +172,12 @@ def test_kvcache_matches_reference(case: Case):
     _check_case(case)
 
 
-@pytest.mark.parametrize("case", [CASES[2], CASES[7], CASES[4], Case(0, seqlen_q=64, new=64, splits=0)], ids=str)
+@pytest.mark.parametrize("case", [CASES[2], CASES[7], CASES[4], Case(0, seqlen_q=64, new=64, splits=0), CASES[13],
+                                  Case(0, seqlen_q=64, new=64, int_seqlens=True, splits=0)], ids=str)
 def test_a_repeated_layout_runs_its_kept_plan_on_new_tensors(case: Case):
     """A decoding loop repeats one layout: later calls run the first call's checks and plan (ops and runtime
-    memos) with new tensors at other addresses, new lengths and, for an int length, a new value."""
+    memos) with new tensors at other addresses, new lengths and, for an int length, a new value (patched into the
+    plan of its length class: portable and Hopper kernels, split by the heuristic or forced)."""
     _check_case(case)
     held = torch.empty(1 << 22, device="cuda")  # the next call's tensors land elsewhere
     _check_case(case)
@@ -254,7 +256,7 @@ def test_chunks_over_a_cache_run_the_hopper_kernel_and_decoding_steps_the_portab
 
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Hopper kernel runs on sm90")
-    monkeypatch.setattr(fwd, "_cache_plans", BoundedMemo(256))  # plan anew: an earlier test's plan has no variant call
+    monkeypatch.setattr(fwd, "_cache_routes", BoundedMemo(256))  # plan anew: an earlier test's plan has no variant call
     ran = []
     variant = fwd._variant
     monkeypatch.setattr(fwd, "_variant", lambda *a, **kw: ran.append(variant(*a, **kw)) or ran[-1])
@@ -276,7 +278,7 @@ def test_an_int_length_runs_dense_where_the_query_tiles_fill_the_sms(monkeypatch
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the dense route is the Hopper kernel's")
     monkeypatch.setattr(fwd.driver, "sm_count", lambda device: 132)
-    monkeypatch.setattr(fwd, "_cache_plans", BoundedMemo(256))
+    monkeypatch.setattr(fwd, "_cache_routes", BoundedMemo(256))
     dense_calls = []
     real = fwd.attention_fwd
     monkeypatch.setattr(fwd, "attention_fwd", lambda *a, **kw: dense_calls.append(1) or real(*a, **kw))

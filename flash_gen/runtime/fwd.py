@@ -77,6 +77,10 @@ _OFF_Q, _OFF_K, _OFF_V, _OFF_O, _OFF_LSE, _OFF_ALIBI, _OFF_CU_Q, _OFF_CU_K, _OFF
 _OFF_SEQUSED_K, _OFF_LEFTPAD_K, _OFF_KV_BATCH_IDX, _OFF_BLOCK_TABLE = (
     getattr(FwdParams, f).offset for f in ("seqused_k", "leftpad_k", "kv_batch_idx", "block_table"))
 _SM90_BASE = Sm90FwdParams.base.offset
+# seqlen_k (int32) of a KV-cache call with an int length, patched per call into its length class's plan: launch
+# patches are 8 bytes wide, so the patch carries the field that shares its word (window_left) unchanged.
+_OFF_SEQLEN_K = FwdParams.seqlen_k.offset
+assert _OFF_SEQLEN_K % 8 == 0 and FwdParams.window_left.offset == _OFF_SEQLEN_K + 4
 
 
 class _Variant:
@@ -279,9 +283,10 @@ def run_fwd(
     block_table: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     cache: KvCache | None = None,
+    seqlen_k: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch a planned forward on tensors laid out as the plan's; returns (out, softmax_lse). `cache`: a KV-cache
-    call's index tensors (block_table is then the cache's)."""
+    call's index tensors (block_table is then the cache's); `seqlen_k`: its int length, over the plan's own."""
     var, shape = plan.var, plan.shape
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)  # cheaper than torch.empty(shape, ...)
@@ -302,6 +307,8 @@ def run_fwd(
             if t is not None:
                 patches += (offset, t.data_ptr())
     params, base = plan.params or shape.params, 0
+    if seqlen_k is not None:
+        patches += (_OFF_SEQLEN_K, seqlen_k | (params.window_left & 0xFFFFFFFF) << 32)
     if isinstance(var.cfg, Sm90FwdConfig):
         params, base = _sm90_params(plan, q, k, v, out), _SM90_BASE
     if plan.splits > 1:
@@ -396,50 +403,86 @@ def attention_fwd_kvcache(
     the Hopper kernel supports it and the query tiles fill the SMs unsplit (unless `config` forces a cache
     tiling). Other calls read the cache tile by tile (kv "cache"): the Hopper kernel's cache form for chunks of
     many query rows, the portable kernel for decoding steps (fwd_tilings.cache_chunk_runs_hopper); `config`
-    forces either. The plan is kept per argument layout (_cache_plans), so a decoding loop's step only launches."""
+    forces either. What the argument layout and the length's bucket fix is kept (_cache_routes), and the plans of
+    each split count under it, so a decoding loop's step only launches: an int length growing every step is
+    patched in (run_fwd's seqlen_k) into a plan whose template holds the capacity."""
     score = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
                  alibi_slopes=alibi_slopes)
-    lookup = (layout(q), layout(k_cache), layout(v_cache), layout(cache.seqused_k), cache.used,
-              layout(cache.leftpad_k), layout(cache.batch_idx), layout(cache.block_table), cache.num_splits,
-              softmax_scale, causal, window_size, softcap, layout(alibi_slopes), config)
-    plan = _cache_plans.get(lookup, _UNPLANNED)
-    if plan is _UNPLANNED:
-        plan = _cache_plans.put(lookup, plan_fwd_kvcache(q, k_cache, v_cache, cache, **score, config=config))
-    if plan is None:  # every entry's first rows, in order: dense K/V views of them
-        rows = k_cache.shape[1] if cache.used is None else min(cache.used, k_cache.shape[1])
-        return attention_fwd(q, k_cache[:, :rows], v_cache[:, :rows], **score, num_splits=cache.num_splits)
-    return run_fwd(plan, q, k_cache, v_cache, alibi_slopes, cache=cache)
+    capacity = k_cache.shape[1] if cache.block_table is None else cache.block_table.shape[1] * k_cache.shape[1]
+    seqlen_k = capacity if cache.used is None else min(cache.used, capacity)
+    lookup = (layout(q), layout(k_cache), layout(v_cache), layout(cache.seqused_k), cache.used is None,
+              bucket_name("decode", seqlen_k), seqlen_k > 0, layout(cache.leftpad_k), layout(cache.batch_idx),
+              layout(cache.block_table), cache.num_splits, softmax_scale, causal, window_size, softcap,
+              layout(alibi_slopes), config)
+    route = _cache_routes.get(lookup, _UNPLANNED)
+    if route is _UNPLANNED:
+        route = _cache_routes.put(lookup, _cache_route(q, k_cache, v_cache, cache, seqlen_k, score, config))
+    if route is None:  # every entry's first rows, in order: dense K/V views of them
+        return attention_fwd(q, k_cache[:, :seqlen_k], v_cache[:, :seqlen_k], **score, num_splits=cache.num_splits)
+    plan = route.plan(q, k_cache, v_cache, cache, seqlen_k, score)
+    return run_fwd(plan, q, k_cache, v_cache, alibi_slopes, cache=cache,
+                   seqlen_k=None if cache.used is None else seqlen_k)
 
 
-_cache_plans: BoundedMemo = BoundedMemo(256)
+_cache_routes: BoundedMemo = BoundedMemo(256)
 _UNPLANNED = object()
 
 
-def plan_fwd_kvcache(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    cache: KvCache,
-    *,
-    softmax_scale: float,
-    causal: bool,
-    window_size: tuple[int, int],
-    softcap: float,
-    alibi_slopes: torch.Tensor | None,
-    config: FwdTiling | None = None,
-) -> FwdPlan | None:
-    """The plan of an attention_fwd_kvcache call (same arguments; the tensors' layouts, an int length and the
-    score arguments fix it), or None where it runs as a dense call over views of the cache's first rows."""
+class _CacheRoute:
+    """A KV-cache call read tile by tile, as its argument layout and length bucket fix it: the unsplit tiling,
+    its resident-CTA slots and CTAs (the split heuristic's inputs), and the plans of each split count."""
+
+    __slots__ = ("tiling", "cfg", "slots", "ctas", "plans")
+
+    def __init__(self, tiling: tuple, cfg: FwdTiling, slots: int, ctas: int) -> None:
+        self.tiling, self.cfg, self.slots, self.ctas, self.plans = tiling, cfg, slots, ctas, {}
+
+    def plan(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache: KvCache, seqlen_k: int,
+             score: dict) -> FwdPlan:
+        """The plan of a call with `seqlen_k` keys per entry (at most): kept per split count."""
+        splits = cache.num_splits or choose_num_splits(self.ctas, -(-seqlen_k // self.cfg.block_n), self.slots)
+        plan = self.plans.get(splits)
+        if plan is None:
+            plan = self.plans[splits] = self._new_plan(q, k_cache, v_cache, cache, splits, score)
+        return plan
+
+    def _new_plan(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache: KvCache, splits: int,
+                  score: dict) -> FwdPlan:
+        batch, seqlen_q, nheads, _ = q.shape
+        device, dtype, head_dim, mask, *feats, kv, pack, _, _, _ = self.tiling
+        cfg = self.cfg
+        if splits > 1:  # the split key's own spill-free tiling (a split kernel can spill where the unsplit one does not)
+            cfg, _ = _cache_tiling(*self.tiling, True)
+        m_blocks = _query_tiles(cfg, seqlen_q, nheads // k_cache.shape[2] if pack else 1)
+        tile_heads = k_cache.shape[2] if pack else nheads
+        var = _variant(device, dtype, head_dim, mask, *feats, cfg, kv, splits > 1, pack)
+        # The capacity's template, so an unbounded window side lies past every key of any length; kv_cache_rows
+        # clamps each entry's length to p.seqlen_k, the capacity or an int length patched in per call.
+        capacity = cache.block_table.shape[1] * k_cache.shape[1] if cache.block_table is not None else k_cache.shape[1]
+        shape = _shape(q, k_cache, v_cache, _contiguous_strides(q.shape), batch, capacity,
+                       _cache_fields(k_cache, cache.block_table), **score)
+        hopper = isinstance(cfg, Sm90FwdConfig)  # a 1-D grid of (query tile, KV head, entry, split)
+        grid = (m_blocks * tile_heads * batch * splits, 1, 1) if hopper else (m_blocks, tile_heads, batch * splits)
+        params = None
+        if splits > 1:
+            params = FwdParams.from_buffer_copy(shape.params)
+            params.num_splits = splits
+        combine = _combine_kernel(device, dtype) if splits > 1 else None
+        return FwdPlan(var, shape, grid, q.device, splits, params, combine)
+
+
+def _cache_route(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache: KvCache, seqlen_k: int,
+                 score: dict, config: FwdTiling | None) -> _CacheRoute | None:
+    """How an attention_fwd_kvcache call with `seqlen_k` keys per entry runs (its tensors' layouts, the length's
+    bucket and the score arguments fix it): None where it runs as a dense call over views of the cache's first
+    rows, else read tile by tile."""
     batch, seqlen_q, nheads, head_dim = q.shape
     nheads_k = k_cache.shape[2]
     group = nheads // nheads_k
-    pack = group > 1 and alibi_slopes is None
-    paged = cache.block_table is not None
-    page_size = k_cache.shape[1]
-    capacity = cache.block_table.shape[1] * page_size if paged else k_cache.shape[1]
-    seqlen_k = capacity if cache.used is None else min(cache.used, capacity)
-    device, dtype, mask = q.device.index, DTYPES[q.dtype], mask_kind(causal, window_size)
-    feats = (softcap > 0, alibi_slopes is not None, False)
+    pack = group > 1 and score["alibi_slopes"] is None
+    device, dtype = q.device.index, DTYPES[q.dtype]
+    mask = mask_kind(score["causal"], score["window_size"])
+    feats = (score["softcap"] > 0, score["alibi_slopes"] is not None, False)
     if (config is None and seqlen_k > 0 and _dense_rows(cache)
             and batch * nheads * -(-seqlen_q // _DENSE_TILE_ROWS) >= driver.sm_count(device)
             and _hopper_runs(device, dtype, head_dim, mask, *feats)):
@@ -448,29 +491,13 @@ def plan_fwd_kvcache(
         # docs/benchmarks.md), whose maps cover the whole cache: a length growing every step re-encodes nothing.
         return None
     # Pages holding whole key tiles (block_n <= 128 divides them) are read tile by tile; others row by row.
-    kv = "paged" if paged and (page_size % 128 or cache.leftpad_k is not None) else "cache"
+    paged = cache.block_table is not None
+    kv = "paged" if paged and (k_cache.shape[1] % 128 or cache.leftpad_k is not None) else "cache"
     tiling = (device, dtype, head_dim, mask, *feats, kv, pack, bucket_name("decode", seqlen_k), config,
               fwd_tilings.cache_chunk_runs_hopper(kv, seqlen_q, group, pack))
     cfg, slots = _cache_tiling(*tiling, False)
-    tile_heads = nheads_k if pack else nheads
-    m_blocks = _query_tiles(cfg, seqlen_q, group if pack else 1)
-    splits = cache.num_splits or choose_num_splits(batch * tile_heads * m_blocks, -(-seqlen_k // cfg.block_n), slots)
-    if splits > 1:  # the split key's own spill-free tiling (a split kernel can spill where the unsplit one does not)
-        cfg, _ = _cache_tiling(*tiling, True)
-        m_blocks = _query_tiles(cfg, seqlen_q, group if pack else 1)
-    var = _variant(device, dtype, head_dim, mask, *feats, cfg, kv, splits > 1, pack)
-    # The capacity's template, so an int length growing every step reuses it; kv_cache_rows clamps each entry's
-    # length to p.seqlen_k, the capacity or that int length, set in the plan's own copy.
-    shape = _shape(q, k_cache, v_cache, _contiguous_strides(q.shape), batch, capacity,
-                   _cache_fields(k_cache, cache.block_table), causal=causal, window_size=window_size,
-                   softmax_scale=softmax_scale, softcap=softcap, alibi_slopes=alibi_slopes)
-    hopper = isinstance(cfg, Sm90FwdConfig)  # a 1-D grid of (query tile, KV head, entry, split)
-    grid = (m_blocks * tile_heads * batch * splits, 1, 1) if hopper else (m_blocks, tile_heads, batch * splits)
-    params = None
-    if splits > 1 or seqlen_k != capacity:
-        params = FwdParams.from_buffer_copy(shape.params)
-        params.seqlen_k, params.num_splits = seqlen_k, splits
-    return FwdPlan(var, shape, grid, q.device, splits, params, _combine_kernel(device, dtype) if splits > 1 else None)
+    ctas = batch * (nheads_k if pack else nheads) * _query_tiles(cfg, seqlen_q, group if pack else 1)
+    return _CacheRoute(tiling, cfg, slots, ctas)
 
 
 def _launch_split(var: _Variant, combine: driver.Kernel, grid: tuple[int, int, int], params: ctypes.Structure,
