@@ -408,7 +408,7 @@ def attention_fwd_kvcache(
     patched in (run_fwd's seqlen_k) into a plan whose template holds the capacity."""
     score = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
                  alibi_slopes=alibi_slopes)
-    capacity = k_cache.shape[1] if cache.block_table is None else cache.block_table.shape[1] * k_cache.shape[1]
+    capacity = _capacity(k_cache, cache)
     seqlen_k = capacity if cache.used is None else min(cache.used, capacity)
     lookup = (layout(q), layout(k_cache), layout(v_cache), layout(cache.seqused_k), cache.used is None,
               bucket_name("decode", seqlen_k), seqlen_k > 0, layout(cache.leftpad_k), layout(cache.batch_idx),
@@ -416,7 +416,7 @@ def attention_fwd_kvcache(
               layout(alibi_slopes), config)
     route = _cache_routes.get(lookup, _UNPLANNED)
     if route is _UNPLANNED:
-        route = _cache_routes.put(lookup, _cache_route(q, k_cache, v_cache, cache, seqlen_k, score, config))
+        route = _cache_routes.put(lookup, _cache_route(q, k_cache, cache, seqlen_k, score, config))
     if route is None:  # every entry's first rows, in order: dense K/V views of them
         return attention_fwd(q, k_cache[:, :seqlen_k], v_cache[:, :seqlen_k], **score, num_splits=cache.num_splits)
     plan = route.plan(q, k_cache, v_cache, cache, seqlen_k, score)
@@ -426,6 +426,11 @@ def attention_fwd_kvcache(
 
 _cache_routes: BoundedMemo = BoundedMemo(256)
 _UNPLANNED = object()
+
+
+def _capacity(k_cache: torch.Tensor, cache: KvCache) -> int:
+    """Keys a cache entry can hold: its rows, or its block table's pages of rows."""
+    return k_cache.shape[1] if cache.block_table is None else cache.block_table.shape[1] * k_cache.shape[1]
 
 
 class _CacheRoute:
@@ -458,8 +463,7 @@ class _CacheRoute:
         var = _variant(device, dtype, head_dim, mask, *feats, cfg, kv, splits > 1, pack)
         # The capacity's template, so an unbounded window side lies past every key of any length; kv_cache_rows
         # clamps each entry's length to p.seqlen_k, the capacity or an int length patched in per call.
-        capacity = cache.block_table.shape[1] * k_cache.shape[1] if cache.block_table is not None else k_cache.shape[1]
-        shape = _shape(q, k_cache, v_cache, _contiguous_strides(q.shape), batch, capacity,
+        shape = _shape(q, k_cache, v_cache, _contiguous_strides(q.shape), batch, _capacity(k_cache, cache),
                        _cache_fields(k_cache, cache.block_table), **score)
         hopper = isinstance(cfg, Sm90FwdConfig)  # a 1-D grid of (query tile, KV head, entry, split)
         grid = (m_blocks * tile_heads * batch * splits, 1, 1) if hopper else (m_blocks, tile_heads, batch * splits)
@@ -471,8 +475,8 @@ class _CacheRoute:
         return FwdPlan(var, shape, grid, q.device, splits, params, combine)
 
 
-def _cache_route(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache: KvCache, seqlen_k: int,
-                 score: dict, config: FwdTiling | None) -> _CacheRoute | None:
+def _cache_route(q: torch.Tensor, k_cache: torch.Tensor, cache: KvCache, seqlen_k: int, score: dict,
+                 config: FwdTiling | None) -> _CacheRoute | None:
     """How an attention_fwd_kvcache call with `seqlen_k` keys per entry runs (its tensors' layouts, the length's
     bucket and the score arguments fix it): None where it runs as a dense call over views of the cache's first
     rows, else read tile by tile."""
