@@ -100,7 +100,7 @@ def packed_query_tiles(cfg: FwdTiling, seqlen_q: int, group: int) -> int | None:
     return -(-seqlen_q * group // cfg.block_m)
 
 
-@functools.lru_cache(maxsize=4096)  # planning a call asks it once or twice (~6 µs each uncached)
+@functools.lru_cache(maxsize=4096)  # planning a call asks it once or twice, per call of a new layout
 def pack_gqa_pays(key: FwdKey, seqlen_q: int, group: int) -> bool:
     """Whether a call of the unpacked `key` with `group` query heads per KV head should run its pack-GQA key:
     when the packed kernel's default tiling takes no more query tiles per KV head than the unpacked one's. A tile
