@@ -119,16 +119,35 @@ def sm90_config_from_name(name: str) -> Sm90FwdConfig | None:
                          int(m[7] or 1))
 
 
-def sm90_smem_bytes(key: FwdKey, cfg: Sm90FwdConfig) -> int:
-    """Q plus `stages` K and V tiles (2-byte elements), an O staging tile in persistent CTAs (elsewhere O leaves
-    through Q's buffer), P (block_m x block_n) where the P V GEMM reads it from shared memory, then the mbarriers:
-    Q full and empty, K/V full and empty per stage; persistent CTAs end with the slot through which the producer
-    hands each tile to the consumers; KV-cache keys one more barrier (the last V tile's stale rows zeroed)."""
-    rows = cfg.block_m * (2 if cfg.persistent else 1) + 2 * cfg.stages * cfg.block_n
+def _smem_limit(key: FwdKey, cfg: Sm90FwdConfig) -> int:
+    """Shared memory one CTA may take: the per-block maximum, or its share of the SM."""
+    return min(MAX_SMEM_PER_BLOCK[key.arch], SMEM_PER_SM[key.arch] // cfg.ctas_per_sm - SMEM_RESERVED_PER_CTA)
+
+
+def _smem_bytes(key: FwdKey, cfg: Sm90FwdConfig, o_in_v: bool) -> int:
+    rows = cfg.block_m * (2 if cfg.persistent and not o_in_v else 1) + 2 * cfg.stages * cfg.block_n
     p_tile = 2 * cfg.block_m * cfg.block_n if cfg.p_in_smem else 0
     tile_slot = TILE_SLOT_BYTES if cfg.persistent else 0
-    barriers = 2 + 4 * cfg.stages + (key.kv == "cache")
+    barriers = 2 + 4 * cfg.stages + (key.kv == "cache") + 2 * o_in_v
     return 2 * sm90_head_dim(key) * rows + p_tile + BARRIER_BYTES * barriers + tile_slot
+
+
+def sm90_o_in_v(key: FwdKey, cfg: Sm90FwdConfig) -> bool:
+    """Whether persistent CTAs stage O in the V ring (the kernel's kOInV): where an O buffer of its own does not
+    fit beside Q and the K/V ring (head dim 256) and the ring holds O. The next tile's first V load then waits for
+    the O stores. Not in clusters, whose peers multicast V into the ring."""
+    return (cfg.persistent and cfg.cluster == 1 and cfg.stages * cfg.block_n >= cfg.block_m
+            and _smem_bytes(key, cfg, o_in_v=False) > _smem_limit(key, cfg))
+
+
+def sm90_smem_bytes(key: FwdKey, cfg: Sm90FwdConfig) -> int:
+    """Q plus `stages` K and V tiles (2-byte elements), an O staging tile in persistent CTAs where it fits
+    (elsewhere O leaves through the V ring, sm90_o_in_v, or with one tile per CTA through Q's buffer), P (block_m x
+    block_n) where the P V GEMM reads it from shared memory, then the mbarriers: Q full and empty, K/V full and
+    empty per stage, KV-cache keys one more (the last V tile's stale rows zeroed), O in the V ring two (its stores
+    done, by round parity); persistent CTAs end with the slot through which the producer hands each tile to the
+    consumers."""
+    return _smem_bytes(key, cfg, sm90_o_in_v(key, cfg))
 
 
 def sm90_infeasible_reason(key: FwdKey, cfg: Sm90FwdConfig) -> str | None:
@@ -167,7 +186,7 @@ def sm90_infeasible_reason(key: FwdKey, cfg: Sm90FwdConfig) -> str | None:
     if regs > budget:
         return f"{regs} tile registers per consumer thread (S, P, O) exceed {budget} with {cfg.consumers} consumers"
     smem = sm90_smem_bytes(key, cfg)
-    limit = min(MAX_SMEM_PER_BLOCK[key.arch], SMEM_PER_SM[key.arch] // cfg.ctas_per_sm - SMEM_RESERVED_PER_CTA)
+    limit = _smem_limit(key, cfg)
     if smem > limit:
         return f"shared memory {smem} B exceeds the {key.arch} limit of {limit} B for {cfg.ctas_per_sm} CTA(s) per SM"
     return None
@@ -178,9 +197,11 @@ def default_sm90_config(key: FwdKey) -> Sm90FwdConfig | None:
     2026-11-30 (docs/benchmarks.md): 128-key steps up to head dim 128, 64 above (80 and 144-176 keys level to 11%
     slower, measured again with single wgmmas per k-step); at head dim 64 three consumer
     warpgroups (192 rows: 2-10% over 128 rows); at 128 persistent CTAs (O staged apart from Q, tiles snaking
-    longest first: 2-7% over one CTA per tile); at 64 and 256 no persistent CTAs (spills at 64; at 256 Q, O and
-    two K/V stages exceed shared memory). Ping-pong only where it measured ahead: the three warpgroups of head
-    dim 64. Head dim 80 (computed exactly) takes head dim 64's with 112-key steps, which fit its registers: 1.03x
+    longest first: 2-7% over one CTA per tile); at 64 no persistent CTAs (spills); above 128, where no mask bounds
+    the keys, persistent CTAs with 80-key steps (at 256 O staged in the V ring: 2-7% over one CTA per tile at
+    2k-16k, H200, 2026-12-02 17:14 UTC, docs/benchmarks.md "O in the V ring"), else one CTA per tile (the static
+    persistent schedule balanced causal 16k at 256 poorly: 553 against 705 TFLOP/s). Ping-pong only where it
+    measured ahead: the three warpgroups of head dim 64. Head dim 80 (computed exactly) takes head dim 64's with 112-key steps, which fit its registers: 1.03x
     and 1.11x the 128-row persistent tiling at 2k and 4k non-causal, 0.90x at 1k, where the tuning database picks
     other tilings (H200, 2026-12-01 22:54 UTC, docs/benchmarks.md "Exact head dims"). Other computed head dims take
     the tiling of the next multiple of 64 (96: 128's).
@@ -193,6 +214,8 @@ def default_sm90_config(key: FwdKey) -> Sm90FwdConfig | None:
         cfg = Sm90FwdConfig(112, 2, pingpong=True, block_m=192)
     elif head_dim <= 128:
         cfg = Sm90FwdConfig(128, 2, pingpong=False, persistent=True)
+    elif key.mask == "none":
+        cfg = Sm90FwdConfig(80, 2, pingpong=False, persistent=True)
     else:
         cfg = Sm90FwdConfig(64, 2, pingpong=False)
     if key.varlen or key.split or key.kv == "cache":

@@ -97,7 +97,8 @@ def dense_split_cases() -> int:
 def hopper_tiling_cases() -> int:
     """Hopper forward tilings the defaults do not use (tests/test_fwd_sm90_gpu.py builds them): persistent
     ping-pong CTAs with pack-GQA (the producer's tile slot), clusters sharing K/V by multicast, persistent and
-    with an odd number of query tiles per head, and head dim 80 computed exactly (16-column boxes)."""
+    with an odd number of query tiles per head, head dim 80 computed exactly (16-column boxes), and persistent at
+    head dim 256 (O staged in the V ring)."""
     from flash_gen.runtime.fwd import attention_fwd
     from flash_gen.spec_sm90 import sm90_config_from_name
 
@@ -106,6 +107,7 @@ def hopper_tiling_cases() -> int:
         (torch.float16, 64, "wgm192n128s2p_c2_persist", 2, 777, 555, 16, 16, False, False),
         (torch.bfloat16, 128, "wgm128n128s2p_c2", 3, 300, 517, 4, 2, False, False),
         (torch.bfloat16, 80, "wgm192n96s2p_persist", 3, 777, 555, 16, 16, True, False),
+        (torch.bfloat16, 256, "wgm128n80s2p_persist", 3, 777, 555, 16, 4, True, False),  # O in the V ring
     ]
     for dtype, d, name, b, sq, sk, h, hk, causal, pack in cases:
         q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)

@@ -5,7 +5,7 @@ run under `compute-sanitizer --tool racecheck` on an sm90 GPU:
 
 - causal and windowed calls through tilings whose warpgroups skip or halve their last key steps;
 - persistent tilings with more query tiles than CTAs, so each CTA stages O for several tiles in its own buffer
-  while the previous tile's TMA stores may still read it.
+  while the previous tile's TMA stores may still read it, or (head dim 256) in the V ring the next tile loads.
 Only races are checked here (the GPU tests check results). The tilings are those of tests/test_fwd_sm90_gpu.py
 and the shipped tuning database (prebuilt by scripts/prebuild_gpu_test_kernels.py).
 """
@@ -18,6 +18,10 @@ from flash_gen import fwd_tilings
 from flash_gen.runtime.fwd import attention_fwd
 
 CASES = [  # dtype, head dim, tiling, batch, seqlen_q, seqlen_k, heads, causal, window
+    # head dim 256, 2 x 40 heads of 9 query tiles: O staged in the V ring, each CTA's next first V load waiting for
+    # its O stores
+    (torch.bfloat16, 256, "wgm128n80s2p_persist", 2, 1100, 1100, 40, True, (-1, -1)),
+    (torch.bfloat16, 256, "wgm128n80s2p_persist", 2, 1100, 900, 40, True, (-1, -1)),  # empty tiles
     (torch.bfloat16, 64, "wgm192n128s4_persist", 1, 1000, 1300, 2, True, (-1, -1)),
     (torch.bfloat16, 128, "wgm128n128s2p_persist", 1, 1000, 1300, 2, True, (-1, -1)),
     (torch.bfloat16, 128, "wgm128n128s2_persist", 1, 1000, 700, 2, True, (-1, -1)),

@@ -47,6 +47,10 @@ CASES = [  # dtype, head dim, config, mask, batch, seqlen_q, seqlen_k, nheads, n
     ("bf16", 64, "wgm192n112s2p_persist", "causal", 3, 777, 555, 16, 16, "rising"),
     ("bf16", 64, "wgm192n128s4_persist", "causal", 2, 1000, 1300, 16, 4, ""),  # tuned, s<=4k
     ("bf16", 128, "wgm128n128s2p_persist", "causal", 2, 1000, 1300, 8, 2, ""),
+    # persistent at head dim 256, O staged in the V ring: several tiles per CTA, empty tiles, pack-GQA, local
+    ("bf16", 256, "wgm128n80s2p_persist", "causal", 4, 1000, 700, 8, 2, "rising"),
+    ("fp16", 256, "wgm128n64s2_persist", "none", 3, 777, 555, 16, 16, "softcap"),
+    ("bf16", 256, "wgm128n80s2_persist", "win32_0", 2, 300, 900, 24, 4, "pack"),
     # score modifiers (softcap; ALiBi slopes per head or per batch entry and head)
     ("bf16", 128, "wgm128n128s2", "causal", 2, 300, 517, 4, 2, "softcap"),
     ("fp16", 64, "wgm192n128s2p", "none", 1, 257, 700, 4, 1, "alibi"),

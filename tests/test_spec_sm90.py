@@ -17,6 +17,7 @@ from flash_gen.spec_sm90 import (
     default_sm90_config,
     sm90_config_from_name,
     sm90_infeasible_reason,
+    sm90_o_in_v,
     sm90_smem_bytes,
 )
 
@@ -40,7 +41,7 @@ def test_config_names_round_trip_and_other_names_are_not_sm90():
     (FwdKey("sm90", "bf16", 256), Sm90FwdConfig(128), "tile registers"),
     (FwdKey("sm90", "bf16", 64), Sm90FwdConfig(24), "multiple of 16"),
     (FwdKey("sm90", "bf16", 128), Sm90FwdConfig(128, 4), "shared memory"),
-    (FwdKey("sm90", "bf16", 256), Sm90FwdConfig(64, persistent=True), "shared memory"),  # O staged apart from Q
+    (FwdKey("sm90", "bf16", 256), Sm90FwdConfig(96, persistent=True), "shared memory"),  # O in the V ring
     (FwdKey("sm90", "bf16", 128), Sm90FwdConfig(128, block_m=192), "3 consumers"),
     (FwdKey("sm90", "bf16", 64), Sm90FwdConfig(block_m=256), "128 or 192"),
     (FwdKey("sm90", "bf16", 128, "causal"), Sm90FwdConfig(cluster=2), "unmasked dense"),
@@ -76,6 +77,18 @@ def test_kv_cache_keys_run_the_hopper_kernel_one_cta_per_tile_with_one_more_barr
     assert [runs("cache", sq, 4, True) for sq in (1, 15, 16, 1000)] == [False, False, True, True]
     assert [runs("cache", sq, 4, False) for sq in (16, 63, 64)] == [False, False, True]  # ALiBi: unpacked
     assert not runs("paged", 1000, 4, True) and not runs("cache", 1000, 128, True)
+
+
+def test_persistent_ctas_stage_o_in_the_v_ring_where_a_buffer_of_its_own_does_not_fit():
+    key256, key128 = FwdKey("sm90", "bf16", 256), FwdKey("sm90", "bf16", 128)
+    persist = Sm90FwdConfig(80, pingpong=False, persistent=True)
+    assert sm90_o_in_v(key256, persist) and sm90_infeasible_reason(key256, persist) is None
+    # Q and two stages of 80 K and V rows, 512 bytes each, 12 mbarriers (two for the O stores) and the tile slot
+    assert sm90_smem_bytes(key256, persist) == 512 * (128 + 4 * 80) + 8 * 12 + 64
+    assert not sm90_o_in_v(key128, persist)  # an O buffer of its own fits beside Q and the ring
+    for cfg in (Sm90FwdConfig(80, pingpong=False), dataclasses.replace(persist, cluster=2)):
+        assert not sm90_o_in_v(key256, cfg)  # one tile per CTA (O through Q); peers multicast into the ring
+    assert "shared memory" in sm90_infeasible_reason(key256, dataclasses.replace(persist, cluster=2))
 
 
 def test_head_dims_compute_exactly_in_multiples_of_32_and_at_16_48_80(monkeypatch):
@@ -115,7 +128,9 @@ def test_renders_and_compiles_without_spills_on_wgmma(tmp_path, monkeypatch):
                 (FwdKey("sm90", "bf16", 64, "causal", varlen=True), Sm90FwdConfig(96, block_m=192)),
                 (FwdKey("sm90", "bf16", 128, "causal", pack_gqa=True), Sm90FwdConfig(pingpong=False, persistent=True)),
                 # head dim 80 exactly: 16-column boxes in a 32-byte swizzle, P V's N = 80 an extended shape
-                (FwdKey("sm90", "bf16", 80, "causal"), Sm90FwdConfig(112, block_m=192))]
+                (FwdKey("sm90", "bf16", 80, "causal"), Sm90FwdConfig(112, block_m=192)),
+                # head dim 256's default where no mask bounds the keys: persistent, O staged in the V ring
+                (FwdKey("sm90", "bf16", 256), Sm90FwdConfig(80, pingpong=False, persistent=True))]
     assert all(sm90_infeasible_reason(k, c) is None for k, c in variants)
     assert sm90_smem_bytes(*variants[0]) == 2 * 128 * (128 + 2 * 2 * 128) + 8 * (2 + 4 * 2)
     compiled = batches.compile_batch(variants)

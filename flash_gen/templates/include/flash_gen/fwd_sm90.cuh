@@ -44,7 +44,7 @@ namespace flash_gen {
 
 template <class Element_, int kHeadDim_, int kConsumers_, int kBlockN_, int kStages_, bool kPingPong_,
           bool kPersistent_, Mask kMask_, bool kSoftcap_, bool kAlibi_, bool kVarlen_, bool kOverlap_,
-          bool kPInSmem_, bool kPackGqa_, int kCluster_, bool kSplit_, bool kKvCache_>
+          bool kPInSmem_, bool kPackGqa_, int kCluster_, bool kSplit_, bool kKvCache_, bool kOInV_>
 struct Sm90FwdTraits {
   using Element = Element_;
   // The head dim, a multiple of 16 (the wgmma K step) or rounded up to 64 (flash_gen.spec_sm90.sm90_head_dim): the
@@ -138,14 +138,26 @@ struct Sm90FwdTraits {
   struct CacheBarriers : StageBarriers {
     MBarrier v_tail;  // kKvCache: the last V tile's stale rows are zero (128 producer arrivals)
   };
-  using Barriers = cute::conditional_t<kKvCache, CacheBarriers, StageBarriers>;
-  // Named barrier of the producer warpgroup (after the consumers' ping-pong, epilogue and P ids).
+  struct OInVBarriers : StageBarriers {
+    // kOInV: round r's O stores have read the V ring (one arrival per consumer warpgroup); rounds alternate
+    // between the two, so the producer, at most one round behind, never meets a barrier two phases ahead.
+    MBarrier o_free[2];
+  };
+  using Barriers = cute::conditional_t<kKvCache, CacheBarriers, cute::conditional_t<kOInV_, OInVBarriers, StageBarriers>>;
+  // Named barriers after the consumers' ping-pong, epilogue and P ids: the producer warpgroup's, then (kOInV) all
+  // consumer warpgroups'.
   static constexpr int kProducerBarrierId = 3 * kConsumers + 1;
+  static constexpr int kConsumersBarrierId = 3 * kConsumers + 2;
   static constexpr int kQBytes = int(sizeof(Element)) * kBlockM * kHeadDim;
   static constexpr int kKVTileBytes = int(sizeof(Element)) * kBlockN * kHeadDim;
-  // O leaves through shared memory: a buffer of its own in persistent CTAs, so the next tile's Q can load while
-  // this tile's O is written and stored; otherwise through the Q buffer (a CTA's one tile needs Q no more).
-  static constexpr bool kSeparateO = kPersistent;
+  // O leaves through shared memory. Persistent CTAs stage it in a buffer of its own, so the next tile's Q can load
+  // while this tile's O is written and stored, or (kOInV, where that buffer does not fit: head dim 256) in the V
+  // ring, as FlashAttention-3 does: then only the next tile's first V load waits for the O stores, and its Q, first
+  // K, S GEMM and softmax go ahead. One tile per CTA: through the Q buffer (the CTA needs Q no more).
+  static constexpr bool kOInV = kOInV_;
+  static_assert(!kOInV || (kPersistent && kCluster == 1 && kStages * kBlockN >= kBlockM),
+                "O in the V ring of a persistent CTA, which no peer CTA multicasts into");
+  static constexpr bool kSeparateO = kPersistent && !kOInV;
   static constexpr int kOBytes = kSeparateO ? kQBytes : 0;
   static constexpr int kPBytes = kPInSmem ? int(sizeof(Element)) * kBlockM * kBlockN : 0;
   // Persistent CTAs: the producer publishes each tile (an Sm90Tile) in shared memory with its Q, so the consumers
@@ -340,6 +352,9 @@ __device__ __forceinline__ void fwd_sm90_produce(Sm90FwdParams const& params, ty
         }
       };
       load(params.tma_k, bars.k_full[stage], bars.k_empty[stage], smem_k);
+      if constexpr (T::kOInV) {  // the previous round's O, staged in the V ring, has been read by its stores
+        if (n == tile.n_min && round > 0) bars.o_free[(round - 1) & 1].wait(((round - 1) >> 1) & 1);
+      }
       load(params.tma_v, bars.v_full[stage], bars.v_empty[stage], smem_v);
     }
   }
@@ -380,7 +395,7 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
   Element* smem_q = reinterpret_cast<Element*>(smem_buf);
   Element* smem_k = smem_q + kBlockM * kD;
   Element* smem_v = smem_k + kStages * kBlockN * kD;
-  Element* smem_o = T::kSeparateO ? smem_v + kStages * kBlockN * kD : smem_q;
+  Element* smem_o = T::kSeparateO ? smem_v + kStages * kBlockN * kD : (T::kOInV ? smem_v : smem_q);
   Element* smem_p = smem_v + kStages * kBlockN * kD + T::kOBytes / sizeof(Element);
   Barriers& bars = *reinterpret_cast<Barriers*>(smem_p + T::kPBytes / sizeof(Element));
   static_assert(!T::kPersistent || sizeof(Sm90Tile<T>) <= T::kTileSlotBytes, "the tile slot holds an Sm90Tile");
@@ -409,6 +424,10 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
       bars.v_empty[s].init(kConsumerWarps * T::kCluster);
     }
     if constexpr (T::kKvCache) bars.v_tail.init(128);
+    if constexpr (T::kOInV) {
+      bars.o_free[0].init(T::kConsumers);
+      bars.o_free[1].init(T::kConsumers);
+    }
     fence_barrier_init();
   }
   // The last CTA-wide barrier: from here the warpgroups meet only through mbarriers. In a cluster, every CTA's
@@ -747,6 +766,9 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
       if (tidx % 128 == 0) bulk_wait_read();
       named_barrier_sync(T::kConsumers + 1 + wg, 128);
     }
+    // In the V ring, every warpgroup's P V GEMMs must have read it (and all of the tile's V loads landed: each
+    // warpgroup waited for every step's V).
+    if constexpr (T::kOInV) named_barrier_sync(T::kConsumersBarrierId, T::kConsumerThreads);
     auto o_store = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_o);  // stmatrix
     auto thr_o_store = o_store.get_thread_slice(tidx);
     copy(o_store, thr_o_store.retile_S(o_out), thr_o_store.partition_D(sO));
@@ -765,14 +787,18 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
     } else {
       fence_smem_for_async_proxy();  // the generic-proxy stores above, before TMA reads them
       named_barrier_sync(T::kConsumers + 1 + wg, 128);
-      if (tidx % 128 == 0 && wg >= tile.idle_wgs) {
-        CUTE_UNROLL
-        for (int c = 0; c < kD / T::kBoxCols; ++c) {
-          tma_store_5d(params.tma_o, smem_o + c * kBlockM * T::kBoxCols + wg * 64 * T::kBoxCols, c * T::kBoxCols, 0,
-                       row0 + wg_rows * wg, tile.head, tile.batch);
+      if (tidx % 128 == 0) {
+        if (wg >= tile.idle_wgs) {
+          CUTE_UNROLL
+          for (int c = 0; c < kD / T::kBoxCols; ++c) {
+            tma_store_5d(params.tma_o, smem_o + c * kBlockM * T::kBoxCols + wg * 64 * T::kBoxCols, c * T::kBoxCols,
+                         0, row0 + wg_rows * wg, tile.head, tile.batch);
+          }
+          bulk_commit_group();
+          // Through Q: before the CTA exits. In the V ring: before the producer loads the next tile's V there.
+          if constexpr (!T::kSeparateO) bulk_wait_read();
         }
-        bulk_commit_group();
-        if constexpr (!T::kSeparateO) bulk_wait_read();  // before the CTA exits, the stores have read Q's buffer
+        if constexpr (T::kOInV) bars.o_free[round & 1].arrive();  // idle warpgroups too: the count is per warpgroup
       }
     }
   }
