@@ -1,0 +1,75 @@
+"""How evenly the Hopper forward's persistent CTAs share a causal launch: a model of its static schedule, no GPU.
+
+The kernel (templates/include/flash_gen/fwd_sm90.cuh) orders the query tiles longest first within sections of
+(batch, head) pairs whose K/V fit in kL2SectionBytes (Sm90Tile), and each CTA takes one tile per round of gridDim.x
+tiles, snaking (sm90_tile_of_round). Here a tile costs its key steps plus one (its prologue and epilogue), for
+seqlen_q = seqlen_k on shared/ANCHORS.md's shapes; the ratio printed is the busiest CTA's work over the mean, so
+1.0 is a perfect balance. `--greedy` adds, for comparison, the same tile order handed to whichever CTA is free
+first (what one CTA per tile gets from the hardware's block scheduler).
+
+    python3 benchmarks/persistent_balance.py --hdim 256 --block-m 128 --block-n 80 --seqlen 2048,4096,8192,16384
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+
+L2_SECTION_BYTES = 24 << 20  # kL2SectionBytes
+
+
+def tile_costs(seqlen: int, hdim: int, block_m: int, block_n: int, total_tokens: int, model_dim: int) -> list[int]:
+    """Each tile's cost in the kernel's tile order (causal, seqlen_q = seqlen_k, the ragged tile first)."""
+    pairs = (model_dim // hdim) * max(1, total_tokens // seqlen)
+    m_blocks = -(-seqlen // block_m)
+    section = max(1, min(pairs, L2_SECTION_BYTES // (2 * seqlen * hdim * 2)))
+    shift = m_blocks * block_m - seqlen
+    costs = []
+    for t in range(m_blocks * pairs):
+        base = t // (section * m_blocks) * section
+        width = min(section, pairs - base)
+        m_block = m_blocks - 1 - (t - base * m_blocks) // width
+        last_row = min((m_block + 1) * block_m - shift, seqlen) - 1
+        costs.append(last_row // block_n + 2)
+    return costs
+
+
+def snaking_rounds(costs: list[int], ctas: int) -> list[int]:
+    """Each CTA's work when CTA c takes tile round * ctas + c, or + ctas - 1 - c in odd rounds."""
+    work = [0] * ctas
+    for t, cost in enumerate(costs):
+        rnd, pos = divmod(t, ctas)
+        work[ctas - 1 - pos if rnd & 1 else pos] += cost
+    return work
+
+
+def greedy(costs: list[int], ctas: int) -> list[int]:
+    """Each CTA's work when the next tile goes to the CTA that is free first."""
+    heap = [0] * ctas
+    for cost in costs:
+        heapq.heapreplace(heap, heap[0] + cost)
+    return heap
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hdim", type=int, required=True)
+    parser.add_argument("--block-m", type=int, required=True)
+    parser.add_argument("--block-n", type=int, required=True)
+    parser.add_argument("--seqlen", default="2048,4096,8192,16384", help="comma list")
+    parser.add_argument("--ctas", type=int, default=132, help="persistent CTAs (the H200's SMs)")
+    parser.add_argument("--total-tokens", type=int, default=32768)
+    parser.add_argument("--model-dim", type=int, default=2048)
+    parser.add_argument("--greedy", action="store_true")
+    args = parser.parse_args()
+    for seqlen in (int(s) for s in args.seqlen.split(",")):
+        costs = tile_costs(seqlen, args.hdim, args.block_m, args.block_n, args.total_tokens, args.model_dim)
+        line = f"hdim {args.hdim} m{args.block_m} n{args.block_n} S {seqlen}: {len(costs)} tiles"
+        for name, schedule in (("persistent", snaking_rounds), ("greedy", greedy))[:2 if args.greedy else 1]:
+            work = schedule(costs, args.ctas)
+            line += f", {name} max/mean {max(work) * len(work) / sum(work):.3f}"
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
