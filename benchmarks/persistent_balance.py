@@ -1,7 +1,8 @@
 """How evenly the Hopper forward's persistent CTAs share a causal launch: a model of its static schedule, no GPU.
 
-The kernel (templates/include/flash_gen/fwd_sm90.cuh) orders the query tiles longest first within sections of
-(batch, head) pairs whose K/V fit in kL2SectionBytes (Sm90Tile), and each CTA takes one tile per round of gridDim.x
+The kernel (templates/include/flash_gen/fwd_sm90.cuh) orders the query tiles by length within sections of
+(batch, head) pairs whose K/V fit in kL2SectionBytes but hold at least a round of tiles, the sections alternately
+longest-first and shortest-first, the last longest-first (Sm90Tile); each CTA takes one tile per round of gridDim.x
 tiles, snaking (sm90_tile_of_round). Here a tile costs its key steps plus one (its prologue and epilogue), for
 seqlen_q = seqlen_k on shared/ANCHORS.md's shapes; the ratio printed is the busiest CTA's work over the mean, so
 1.0 is a perfect balance. `--greedy` adds, for comparison, the same tile order handed to whichever CTA is free
@@ -18,17 +19,20 @@ import heapq
 L2_SECTION_BYTES = 24 << 20  # kL2SectionBytes
 
 
-def tile_costs(seqlen: int, hdim: int, block_m: int, block_n: int, total_tokens: int, model_dim: int) -> list[int]:
+def tile_costs(seqlen: int, hdim: int, block_m: int, block_n: int, total_tokens: int, model_dim: int,
+               ctas: int) -> list[int]:
     """Each tile's cost in the kernel's tile order (causal, seqlen_q = seqlen_k, the ragged tile first)."""
     pairs = (model_dim // hdim) * max(1, total_tokens // seqlen)
     m_blocks = -(-seqlen // block_m)
-    section = max(1, min(pairs, L2_SECTION_BYTES // (2 * seqlen * hdim * 2)))
+    section = max(1, min(pairs, max(L2_SECTION_BYTES // (2 * seqlen * hdim * 2), -(-ctas // m_blocks))))
+    sections = -(-pairs // section)
     shift = m_blocks * block_m - seqlen
     costs = []
     for t in range(m_blocks * pairs):
-        base = t // (section * m_blocks) * section
-        width = min(section, pairs - base)
-        m_block = m_blocks - 1 - (t - base * m_blocks) // width
+        sec = t // (section * m_blocks)
+        width = min(section, pairs - sec * section)
+        level = (t - sec * section * m_blocks) // width
+        m_block = level if (sections - 1 - sec) & 1 else m_blocks - 1 - level
         last_row = min((m_block + 1) * block_m - shift, seqlen) - 1
         costs.append(last_row // block_n + 2)
     return costs
@@ -63,7 +67,8 @@ def main() -> None:
     parser.add_argument("--greedy", action="store_true")
     args = parser.parse_args()
     for seqlen in (int(s) for s in args.seqlen.split(",")):
-        costs = tile_costs(seqlen, args.hdim, args.block_m, args.block_n, args.total_tokens, args.model_dim)
+        costs = tile_costs(seqlen, args.hdim, args.block_m, args.block_n, args.total_tokens, args.model_dim,
+                           args.ctas)
         line = f"hdim {args.hdim} m{args.block_m} n{args.block_n} S {seqlen}: {len(costs)} tiles"
         for name, schedule in (("persistent", snaking_rounds), ("greedy", greedy))[:2 if args.greedy else 1]:
             work = schedule(costs, args.ctas)

@@ -51,6 +51,8 @@ CASES = [  # dtype, head dim, config, mask, batch, seqlen_q, seqlen_k, nheads, n
     ("bf16", 256, "wgm128n80s2p_persist", "causal", 4, 1000, 700, 8, 2, "rising"),
     ("fp16", 256, "wgm128n64s2_persist", "none", 3, 777, 555, 16, 16, "softcap"),
     ("bf16", 256, "wgm128n80s2_persist", "win32_0", 2, 300, 900, 24, 4, "pack"),
+    # causal persistent tiles over three L2 sections of 9, 9 and 6 (batch, head) pairs, the middle one shortest first
+    ("bf16", 256, "wgm128n80s2_persist", "causal", 2, 2000, 4100, 12, 4, ""),
     # score modifiers (softcap; ALiBi slopes per head or per batch entry and head)
     ("bf16", 128, "wgm128n128s2", "causal", 2, 300, 517, 4, 2, "softcap"),
     ("fp16", 64, "wgm192n128s2p", "none", 1, 257, 700, 4, 1, "alibi"),

@@ -169,10 +169,14 @@ struct Sm90FwdTraits {
 
 // The query tiles of one launch, t in [0, tiles) mapped to (m_block, batch, head). By default m runs fastest, so
 // the CTAs running at once share few (batch, head)s' K/V in L2; under masks with a right bound (causal, local)
-// m runs backwards, longest tile first. Persistent CTAs under such masks instead take tiles longest first within
-// sections of (batch, head) pairs whose K/V fit in kL2SectionBytes: the CTAs of one round then get similar
-// lengths and still share a section's K/V in L2, and the last round holds the shortest tiles. (Launching one CTA
-// per tile, that order measured 7% slower than the default at head dim 64, causal, 2k: H200, 2026-11-30.)
+// m runs backwards, longest tile first. Persistent CTAs under such masks instead take tiles by length within
+// sections of (batch, head) pairs whose K/V fit in kL2SectionBytes (but at least a round of tiles): the CTAs of
+// one round then get similar lengths and still share a section's K/V in L2. Sections alternate longest-first and
+// shortest-first, the last longest-first, so the lengths along the tile order rise and fall without jumps, which
+// the snaking rounds (sm90_tile_of_round) pair off evenly, and the last round holds the shortest tiles. Sections
+// all longest-first left the busiest CTA 1.5-1.7x the mean work where a section holds about a round of tiles (head
+// dim 256 causal 16k, benchmarks/persistent_balance.py). (Launching one CTA per tile, the sectioned order measured
+// 7% slower than the default at head dim 64, causal, 2k: H200, 2026-11-30.)
 constexpr long long kL2SectionBytes = 24ll << 20;  // about half the H100/H200 L2
 
 // Split-KV: tile t's split, the slowest index of the tile walk.
@@ -223,10 +227,13 @@ struct Sm90Tile {
       if constexpr (MaskBounds<T::kMask>::kRight && T::kPersistent) {
         const long long kv_bytes = 2ll * p.seqlen_k * T::kHeadDim * int(sizeof(typename T::Element));
         const int pairs = heads * p.batch;
-        const int section = int(max(1ll, min(static_cast<long long>(pairs), kL2SectionBytes / max(kv_bytes, 1ll))));
+        const int fit = int(min(static_cast<long long>(pairs), kL2SectionBytes / max(kv_bytes, 1ll)));
+        const int section = max(1, min(pairs, max(fit, (int(gridDim.x) + m_blocks - 1) / m_blocks)));
+        const int sections = (pairs + section - 1) / section;
         const int sec = t / (section * m_blocks), base = sec * section;
         const int width = min(section, pairs - base), r = t - base * m_blocks;
-        m_block = m_blocks - 1 - r / width;
+        const int level = r / width;  // 0: the section's longest tiles
+        m_block = (sections - 1 - sec) & 1 ? level : m_blocks - 1 - level;
         hb = base + r % width;
       } else {
         m_block = MaskBounds<T::kMask>::kRight ? m_blocks - 1 - t % m_blocks : t % m_blocks;
