@@ -199,10 +199,11 @@ def default_sm90_config(key: FwdKey) -> Sm90FwdConfig | None:
     warpgroups (192 rows: 2-10% over 128 rows); at 128 persistent CTAs (O staged apart from Q, tiles snaking
     longest first: 2-7% over one CTA per tile); at 64 no persistent CTAs (spills); above 128, where no mask bounds
     the keys, persistent CTAs with 80-key steps (at 256 O staged in the V ring: 2-7% over one CTA per tile at
-    2k-16k, H200, 2026-12-02 17:14 UTC, docs/benchmarks.md "O in the V ring"), else one CTA per tile (the static
-    persistent schedule balanced causal 16k at 256 poorly: 553 against 705 TFLOP/s). Ping-pong only where it
-    measured ahead: the three warpgroups of head dim 64. Head dim 80 (computed exactly) takes head dim 64's with 112-key steps, which fit its registers: 1.03x
-    and 1.11x the 128-row persistent tiling at 2k and 4k non-causal, 0.90x at 1k, where the tuning database picks
+    2k-16k, H200, 2026-12-02 17:14 UTC, docs/benchmarks.md "O in the V ring"), else one CTA per tile (at 256
+    causal, persistent ran 553 against 705 TFLOP/s at 16k before its tiles were ordered in zigzag sections, and is
+    level there since: the tuning database picks per bucket). Ping-pong only where it measured ahead: the three
+    warpgroups of head dim 64. Head dim 80 (computed exactly) takes head dim 64's with 112-key steps, which fit its
+    registers: 1.03x and 1.11x the 128-row persistent tiling at 2k and 4k non-causal, 0.90x at 1k, where the tuning database picks
     other tilings (H200, 2026-12-01 22:54 UTC, docs/benchmarks.md "Exact head dims"). Other computed head dims take
     the tiling of the next multiple of 64 (96: 128's).
     Packed (varlen) batches and split-KV and KV caches take the same tiling with one CTA per tile (KV caches with
