@@ -58,6 +58,9 @@ CASES = [  # dtype, head dim, config, mask, batch, seqlen_q, seqlen_k, nheads, n
     ("fp16", 64, "wgm192n128s2p", "none", 1, 257, 700, 4, 1, "alibi"),
     ("bf16", 256, "wgm128n64s2p", "win32_0", 2, 333, 500, 2, 2, "alibi_batch"),
     ("bf16", 128, "wgm128n128s2_persist", "none", 2, 700, 300, 8, 8, "softcap"),
+    # head dim 256 non-causal with score modifiers: the persistent default spills, its one-CTA-per-tile form runs
+    ("bf16", 256, "wgm128n80s2", "none", 2, 300, 517, 4, 2, "softcap"),
+    ("fp16", 256, "wgm128n80s2", "none", 1, 257, 700, 4, 1, "alibi+softcap"),
     # head dims computed exactly, in boxes of 32 columns (96, 160: 64-byte swizzle) or 16 (80, 48: 32-byte
     # swizzle); 72 as 80 and 208 as 224; others as the next multiple of 64 (40 and 8 as 64): TMA zero-fills the
     # extra columns and the O store skips them (8: a box wider than the tensor; 72 with an odd number of heads:

@@ -79,6 +79,15 @@ def test_kv_cache_keys_run_the_hopper_kernel_one_cta_per_tile_with_one_more_barr
     assert not runs("paged", 1000, 4, True) and not runs("cache", 1000, 128, True)
 
 
+def test_a_persistent_default_falls_back_to_one_cta_per_tile_before_the_portable_kernel():
+    """Head dim 256 non-causal with softcap or ALiBi: the persistent head spills (NVRTC 13.0) where its one CTA per
+    tile form does not, and that runs 1.8x the portable kernel (H200, 2026-12-03)."""
+    key = FwdKey("sm90", "bf16", 256, "none", softcap=True)
+    chain = fwd_tilings.default_configs(key)
+    assert chain[0].persistent and chain[1] == dataclasses.replace(chain[0], persistent=False)
+    assert all(isinstance(c, Sm90FwdConfig) for c in chain[:2]) and not isinstance(chain[-1], Sm90FwdConfig)
+
+
 def test_persistent_ctas_stage_o_in_the_v_ring_where_a_buffer_of_its_own_does_not_fit():
     key256, key128 = FwdKey("sm90", "bf16", 256), FwdKey("sm90", "bf16", 128)
     persist = Sm90FwdConfig(80, pingpong=False, persistent=True)
