@@ -28,8 +28,8 @@ def default_configs(key: FwdKey) -> tuple[FwdTiling, ...]:
         return spec.default_configs(key)
     # Lighter Hopper tilings before the portable kernel (NVRTC 13.0, softcap + ALiBi): at head dim 256 non-causal the
     # persistent 80-key head spills 12 B (softcap), 4 B (ALiBi) or 60 B (both) where one CTA per tile does not, at
-    # 1.8x the portable kernel (H200, 2026-12-03, docs/benchmarks.md "Softcap and ALiBi at head dim 256"); at head dim 64
-    # three consumer warpgroups (192 rows, 128 registers each) spill 8-28 B where two (168 each) do not; at 256 and
+    # 1.8x the portable kernel (H200, 2026-12-03, docs/benchmarks.md "Softcap and ALiBi at head dim 256"); at head dim
+    # 64 three consumer warpgroups (192 rows, 128 registers each) spill 8-28 B where two (168 each) do not; at 256 and
     # packed, 64-key steps spill 8-24 B where 48-key steps do not (KV caches: 32, as key tiles must divide 128; the
     # causal split pack-GQA cache key spills 8 B at 64 and none at 32).
     lighter = [dataclasses.replace(hopper, persistent=False)] if hopper.persistent else []
