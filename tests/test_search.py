@@ -267,6 +267,19 @@ def test_precompile_fills_the_kernel_cache_for_the_tune(tmp_path, monkeypatch, c
     assert "24 were cached, 0 compiled" in capsys.readouterr().out
 
 
+def test_a_candidate_that_spills_or_serialises_its_wgmmas_is_rejected(monkeypatch):
+    """Either costs the kernel more than any tiling wins (serialised wgmmas: about 20%), so neither is measured."""
+    from flash_gen.build import cache
+    from flash_gen.search.tune import compile_candidate
+
+    fam = space.Family("fwd", "sm90", "bf16", 128, "none")
+    for meta, reason in (({"spill_stores": 8, "spill_loads": 8}, "8 bytes spilled"),
+                         ({"wgmma_serialized": True}, "wgmmas serialized"), ({}, None)):
+        monkeypatch.setattr(cache, "get_or_compile", lambda source, entry, arch, meta=meta: (b"", meta))
+        rejected = compile_candidate(fam, spec_sm90.Sm90FwdConfig(persistent=True))
+        assert (rejected and rejected.reason.split(": ", 1)[1].split(" (")[0]) == reason
+
+
 def test_bucket_option_tunes_and_collects_only_the_named_buckets(tmp_path, capsys):
     """--bucket: the other buckets' studies are not opened and their database entries stay; an unknown bucket
     name is refused before any work."""

@@ -27,7 +27,8 @@ from flash_gen.search.study import Rejected, finished, open_study, search, seed_
 
 
 def compile_candidate(family: space.Family, cfg) -> Rejected | None:
-    """Worker-process step: compile every kernel the config runs into the kernel cache; ptxas spills reject."""
+    """Worker-process step: compile every kernel the config runs into the kernel cache; ptxas spills or serialised
+    wgmmas reject."""
     from flash_gen.build import cache
     from flash_gen.gen.render import entry_name, render_many
 
@@ -38,6 +39,8 @@ def compile_candidate(family: space.Family, cfg) -> Rejected | None:
             return Rejected(f"compile: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}")
         if meta.get("spill_stores") or meta.get("spill_loads"):
             return Rejected(f"ptxas: {meta.get('spill_stores')} bytes spilled ({key.name})")
+        if meta.get("wgmma_serialized"):
+            return Rejected(f"ptxas: wgmmas serialized ({key.name})")
     return None
 
 
