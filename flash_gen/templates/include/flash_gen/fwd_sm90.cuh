@@ -546,9 +546,6 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
       }
     }
   };
-  auto release = [&](MBarrier& bar) {
-    if (warp_leader) bar.arrive();
-  };
   // KV cache: the P V GEMM of a tile's last key step waits until the producers have zeroed its stale V rows.
   auto wait_v_tail = [&](Sm90Tile<T> const& tile) {
     if constexpr (T::kKvCache) {
