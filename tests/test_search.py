@@ -268,7 +268,8 @@ def test_precompile_fills_the_kernel_cache_for_the_tune(tmp_path, monkeypatch, c
 
 
 def test_a_candidate_that_spills_or_serialises_its_wgmmas_is_rejected(monkeypatch):
-    """Either costs the kernel more than any tiling wins (serialised wgmmas: about 20%), so neither is measured."""
+    """ptxas's report decides before any timing, as in the library build: spills, or wgmmas serialised (each waiting
+    for the one before: about 20% on the H200), reject the tiling."""
     from flash_gen.build import cache
     from flash_gen.search.tune import compile_candidate
 
@@ -277,7 +278,10 @@ def test_a_candidate_that_spills_or_serialises_its_wgmmas_is_rejected(monkeypatc
                          ({"wgmma_serialized": True}, "wgmmas serialized"), ({}, None)):
         monkeypatch.setattr(cache, "get_or_compile", lambda source, entry, arch, meta=meta: (b"", meta))
         rejected = compile_candidate(fam, spec_sm90.Sm90FwdConfig(persistent=True))
-        assert (rejected and rejected.reason.split(": ", 1)[1].split(" (")[0]) == reason
+        if reason is None:
+            assert rejected is None
+        else:
+            assert reason in rejected.reason
 
 
 def test_bucket_option_tunes_and_collects_only_the_named_buckets(tmp_path, capsys):
