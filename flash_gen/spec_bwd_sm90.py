@@ -34,10 +34,6 @@ class Sm90BwdConfig:
         return 256
 
 
-# Floats of padding after each row of the bulk-dQ buffer: a warp's 8-byte stores of a wgmma accumulator cover 8 rows,
-# which then fall in distinct banks (two wavefronts, as few as 256 bytes take).
-DQ_ROW_PAD = 8
-
 # The tuner's axes where this kernel is the default (flash_gen.search.space): the dK/dV overlap for now (the tiles
 # are fixed per head dim); stages, block_m and the producer scheme join here as the template learns them.
 SM90_BWD_CONFIG_SPACE = {"block_m": (64,), "block_n": (64, 128), "overlap": (False, True), "dq_bulk": (False, True)}
@@ -75,12 +71,12 @@ def sm90_bwd_config_from_name(name: str) -> Sm90BwdConfig | None:
 
 
 def sm90_bwd_smem_bytes(key: BwdKey, cfg: Sm90BwdConfig) -> int:
-    """Q, dO (two buffers each), K, V and dS tiles (2-byte elements), with bulk dQ the step's dQ in fp32 (rows
-    padded by DQ_ROW_PAD floats), when the head dim is split P^T in 4- and 2-byte elements, then per buffer the
+    """Q, dO (two buffers each), K, V and dS tiles (2-byte elements), with bulk dQ the step's dQ in fp32 (32-column
+    boxes, swizzled), when the head dim is split P^T in 4- and 2-byte elements, then per buffer the
     tile's lse and rowsum(dO*O) (4 floats more each: their bulk copies start at a 16-byte boundary) and mbarrier."""
     d, tile = sm90_bwd_head_dim(key), cfg.block_m * cfg.block_n
     split = 6 * tile if split_head_dim(key) else 0
-    dq = 4 * cfg.block_m * (d + DQ_ROW_PAD) if cfg.dq_bulk else 0
+    dq = 4 * cfg.block_m * d if cfg.dq_bulk else 0
     stats = 2 * 4 * (cfg.block_m + 4)
     return 2 * (4 * cfg.block_m * d + 2 * cfg.block_n * d + tile) + dq + split + 2 * (stats + 8)
 

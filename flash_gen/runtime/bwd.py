@@ -64,12 +64,12 @@ class BwdParams(ctypes.Structure):
 
 
 class Sm90BwdParams(ctypes.Structure):
-    """Mirror of flash_gen::Sm90BwdParams (templates/include/flash_gen/bwd_sm90_params.cuh): TMA maps of q and dout,
-    then BwdParams, padded to the maps' 64-byte alignment as the C++ struct is."""
+    """Mirror of flash_gen::Sm90BwdParams (templates/include/flash_gen/bwd_sm90_params.cuh): TMA maps of q, dout
+    and dq_accum, then BwdParams, padded to the maps' 64-byte alignment as the C++ struct is."""
 
-    _fields_ = [("tma_q", ctypes.c_uint8 * tma.MAP_BYTES), ("tma_do", ctypes.c_uint8 * tma.MAP_BYTES),
-                ("base", BwdParams)]
-    _fields_.append(("_pad", ctypes.c_uint8 * (-(2 * tma.MAP_BYTES + ctypes.sizeof(BwdParams)) % tma.MAP_ALIGN)))
+    _fields_ = [(name, ctypes.c_uint8 * tma.MAP_BYTES) for name in ("tma_q", "tma_do", "tma_dq")] + [
+        ("base", BwdParams)]
+    _fields_.append(("_pad", ctypes.c_uint8 * (-(3 * tma.MAP_BYTES + ctypes.sizeof(BwdParams)) % tma.MAP_ALIGN)))
 
 
 # Byte offsets of the per-call addresses in BwdParams (attention_bwd patches them into the shape's template),
@@ -222,10 +222,12 @@ def attention_bwd(
     aux_block = (_AUX_THREADS, 1, 1)
     var.preprocess.launch(shape.grids[0], aux_block, 0, stream, shape.params, patches)
     main_block = (var.cfg.num_threads, 1, 1)
-    if isinstance(var.cfg, Sm90BwdConfig):  # TMA boxes of a query tile's rows
-        rows = var.cfg.block_m
-        main = tma.params_with_maps(Sm90BwdParams, shape.params, shape.maps, (var, q.data_ptr(), dout.data_ptr()),
-                                    (("tma_q", q, rows), ("tma_do", dout, rows)))
+    if isinstance(var.cfg, Sm90BwdConfig):  # TMA boxes of a query tile's rows; dq_accum's (bulk dQ) 32 fp32 wide
+        rows, d = var.cfg.block_m, var.head_dim_mma
+        dq_accum = f32[2 * shape.part:2 * shape.part + shape.rows * d].view(1, shape.rows, 1, d)
+        maps = (("tma_q", q, rows), ("tma_do", dout, rows), ("tma_dq", dq_accum, rows, None, 32))
+        main = tma.params_with_maps(Sm90BwdParams, shape.params, shape.maps,
+                                    (var, q.data_ptr(), dout.data_ptr(), base), maps)
         var.main.launch(shape.grids[1], main_block, var.smem, stream, main, patches, _SM90_BASE)
     else:
         var.main.launch(shape.grids[1], main_block, var.smem, stream, shape.params, patches)

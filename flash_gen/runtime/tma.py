@@ -24,10 +24,11 @@ from flash_gen.runtime import driver
 MAP_BYTES, MAP_ALIGN = 128, 64  # sizeof and alignof(CUtensorMap)
 BOX_COLS = 64  # elements of a 128-byte swizzle row, the default box width
 _DTYPE = {torch.float16: int(cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16),
-          torch.bfloat16: int(cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16)}
-_SWIZZLE = {64: int(cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B),  # by box columns (2-byte elements)
-            32: int(cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_64B),
-            16: int(cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_32B)}
+          torch.bfloat16: int(cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16),
+          torch.float32: int(cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT32)}
+_SWIZZLE = {128: int(cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B),  # by the bytes of a box row
+            64: int(cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_64B),
+            32: int(cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_32B)}
 _L2_256B = int(cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B)
 _INTERLEAVE_NONE = int(cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE)
 _OOB_ZERO = int(cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
@@ -45,7 +46,7 @@ def _encode_tiled() -> ctypes._CFuncPtr:
 def encode_rows(dest: ctypes.Array | ctypes.Structure, offset: int, t: torch.Tensor, box_rows: int,
                 group: int | None = None, box_cols: int = BOX_COLS) -> None:
     """Write into `dest` at byte `offset` the map of `t` (batch, seqlen, heads, head_dim) with boxes of
-    `box_cols` x `box_rows`, swizzled in rows of `box_cols` (64, 32 or 16). With `group`, the map is 5-D,
+    `box_cols` x `box_rows`, swizzled in rows of `box_cols` (128, 64 or 32 bytes). With `group`, the map is 5-D,
     (head_dim, group, seqlen, heads / group, batch), and a box holds `box_rows` positions of a group's heads
     stacked position by position (box_cols x group x box_rows): the Hopper forward's Q and O, packed (pack-GQA)
     or with a group of 1. TMA needs a 16-byte aligned base and strides: flash_gen.validate already requires them
@@ -64,7 +65,7 @@ def encode_rows(dest: ctypes.Array | ctypes.Structure, offset: int, t: torch.Ten
     err = _encode_tiled()(ctypes.addressof(dest) + offset, _DTYPE[t.dtype], rank, t.data_ptr(),
                           (ctypes.c_uint64 * rank)(*dims), (ctypes.c_uint64 * (rank - 1))(*byte_strides),
                           (ctypes.c_uint32 * rank)(*box), (ctypes.c_uint32 * rank)(*[1] * rank), _INTERLEAVE_NONE,
-                          _SWIZZLE[box_cols], _L2_256B, _OOB_ZERO)
+                          _SWIZZLE[box_cols * size], _L2_256B, _OOB_ZERO)
     if err:
         raise driver.cuda_error("cuTensorMapEncodeTiled", cu.CUresult(err))
 
@@ -76,16 +77,18 @@ def params_with_maps(struct: type, base: ctypes.Structure, cache: BoundedMemo, k
                      maps: tuple[tuple, ...], box_cols: int = BOX_COLS) -> ctypes.Structure:
     """A Hopper kernel's parameter `struct`: TMA map fields first (`maps`: field, tensor (b, s, h, d) or packed
     (s, h, d), then encode_rows' box rows and, for a 5-D map, group; every box `box_cols` wide), then `base`, the
-    shape's template (the same object for every call of a shape; per-call addresses are patched in at launch). A
+    shape's template (the same object for every call of a shape; per-call addresses are patched in at launch); a
+    map entry may end in its own box width after the group (None: not 5-D). A
     map depends only on the address, shape, strides, dtype and box, so the struct is kept in `cache` (one per
     shape) under `key` (the variant and the addresses): a repeated call (the caching allocator hands out the same
     blocks step after step) encodes nothing. Callers must not modify it."""
     params = cache.get(key)
     if params is None:
         params = struct()
-        for field, t, box_rows, *group in maps:
-            encode_rows(params, getattr(struct, field).offset, t if t.dim() == 4 else t[None], box_rows, *group,
-                        box_cols=box_cols)
+        for field, t, box_rows, *extra in maps:
+            group, cols = (*extra, None, None)[:2]
+            encode_rows(params, getattr(struct, field).offset, t if t.dim() == 4 else t[None], box_rows, group,
+                        box_cols=cols or box_cols)
         params.base = base
         cache.put(key, params)
     return params

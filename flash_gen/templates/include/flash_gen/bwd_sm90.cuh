@@ -47,15 +47,17 @@ struct Sm90BwdTraits {
   static constexpr bool kDeterministic = kDeterministic_;
   // Whether the dK/dV wgmmas run on through the dS barrier and the dQ GEMM (a tunable, Sm90BwdConfig.overlap).
   static constexpr bool kOverlapDkvDq = kOverlap_;
-  // dQ through shared memory and out by bulk reductions (Sm90BwdConfig.dq_bulk): the consumers store their
-  // accumulators (rows padded by 8 floats: a warp's 8-byte stores then hit distinct banks), and lane 0 of every
-  // warp reduces its share of the rows into dq_accum, taking the per-element reductions off the load/store queue.
-  // One lane per warp: the bulk reduction is a uniform-datapath instruction, so lanes holding different rows would
-  // be serialised; and every warp a share, so that no one warp comes late to the next step's barriers.
+  // dQ through shared memory and out by TMA reductions (Sm90BwdConfig.dq_bulk): the consumers store their
+  // accumulators into 32-column boxes swizzled by 128 bytes (a warp's 8-byte stores hit distinct banks), and thread
+  // 0 adds the boxes into dq_accum (map tma_dq), taking the per-element reductions off the load/store queue. (Until
+  // 2026-12-03 every warp's lane 0 sent 8 padded rows by row-wise bulk reductions: a loop of 8 uniform-datapath
+  // instructions that took about 14% of the warps' time, ncu source counters, docs/hopper_backward.md.)
   static constexpr bool kDqBulk = kDqBulk_;
-  static constexpr int kDqRowsPerWarp = kBlockM / (kNThreads / 32);
   static_assert(!kDqBulk || (!kSplitHeadDim && !kDeterministic));
-  static constexpr int kDqRowFloats = kHeadDim + 8;
+  static constexpr int kDqBoxCols = 32;  // fp32 columns of a 128-byte swizzle row
+  using SmemLayoutdQ = decltype(tile_to_shape(
+      composition(Swizzle<3, 2, 3>{}, Layout<Shape<_8, Int<kDqBoxCols>>, Stride<Int<kDqBoxCols>, _1>>{}),
+      Shape<Int<kBlockM>, Int<kHeadDim>>{}));
   static_assert(kHeadDim % 64 == 0 && kHeadDim <= 256 && kHeadDimIO <= kHeadDim && kHeadDimIO % 8 == 0);
 
   using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;
@@ -106,9 +108,12 @@ struct Sm90BwdTraits {
       2 * kBlockM * kHeadDim * sizeof(Element) + 2 * kStatFloats * sizeof(float);
   // Split: P^T in fp32 (for warpgroup 1's dS^T) and bf16 (the dV operand).
   static constexpr int kSplitBytes = kSplitHeadDim ? kBlockN * kBlockM * (int(sizeof(Element)) + 4) : 0;
+  // Q, dO, K, V and dS; the bulk dQ buffer follows, at the 1024-byte alignment its 128-byte swizzle assumes.
+  static constexpr int kTileBytes =
+      int(sizeof(Element)) * (2 * kStages * kBlockM * kHeadDim + 2 * kBlockN * kHeadDim + kBlockM * kBlockN);
+  static_assert(!kDqBulk || kTileBytes % 1024 == 0);
   static constexpr int kSmemBytes =
-      int(sizeof(Element)) * (2 * kStages * kBlockM * kHeadDim + 2 * kBlockN * kHeadDim + kBlockM * kBlockN) +
-      (kDqBulk ? kBlockM * kDqRowFloats * int(sizeof(float)) : 0) + kSplitBytes +
+      kTileBytes + (kDqBulk ? kBlockM * kHeadDim * int(sizeof(float)) : 0) + kSplitBytes +
       2 * kStages * kStatFloats * int(sizeof(float)) + kStages * int(sizeof(MBarrier));
 };
 
@@ -131,9 +136,9 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   Element* smem_k = smem_do + T::kStages * kBlockM * kD;
   Element* smem_v = smem_k + kBlockN * kD;
   Element* smem_ds = smem_v + kBlockN * kD;
-  float* smem_dq = reinterpret_cast<float*>(smem_ds + kBlockM * kBlockN);  // bulk dQ only; 16-byte aligned
+  float* smem_dq = reinterpret_cast<float*>(smem_ds + kBlockM * kBlockN);  // bulk dQ only; 1024-byte aligned
   // Split only: P^T as (fragment element, thread of the warpgroup) in fp32, then as a 1024-byte aligned operand.
-  float* smem_pt_f32 = smem_dq + (T::kDqBulk ? kBlockM * T::kDqRowFloats : 0);
+  float* smem_pt_f32 = smem_dq + (T::kDqBulk ? kBlockM * kD : 0);
   Element* smem_pt = reinterpret_cast<Element*>(smem_pt_f32 + (T::kSplitHeadDim ? kBlockN * kBlockM : 0));
   float* smem_lse = reinterpret_cast<float*>(smem_pt + (T::kSplitHeadDim ? kBlockN * kBlockM : 0));  // per buffer
   float* smem_dsum = smem_lse + T::kStages * T::kStatFloats;
@@ -152,6 +157,7 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   if (tidx == 0) {
     prefetch_tensor_map(sp.tma_q);
     prefetch_tensor_map(sp.tma_do);
+    if constexpr (T::kDqBulk) prefetch_tensor_map(sp.tma_dq);
     for (int s = 0; s < T::kStages; ++s) q_full[s].init(1);
     fence_barrier_init();
   }
@@ -189,7 +195,6 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   // Warp-uniform, as the shuffle tells the compiler: the smem descriptors, which depend on the warpgroup alone,
   // then live in uniform registers rather than in each thread's.
   const int wg = __shfl_sync(0xffffffff, tidx / 128, 0);
-  const int warp = __shfl_sync(0xffffffff, tidx / 32, 0), lane = tidx % 32;  // bulk dQ: each warp's rows
   auto thr_sdp = mma_sdp.get_thread_slice(T::kSplitHeadDim ? tidx % 128 : tidx);
   auto thr_dkv = mma_dkv.get_thread_slice(tidx);
   auto thr_dq = mma_dq.get_thread_slice(tidx);
@@ -218,20 +223,20 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   fence_smem_for_async_proxy();  // cp.async wrote them through the generic proxy; wgmma reads them
   __syncthreads();  // K and V visible, barriers initialised
 
-  // Bulk dQ: the global rows of the last step's tile, whose reductions from the shared buffer are issued under the
-  // next step's first GEMMs (or after the last step) rather than between the step's closing barrier and those GEMMs,
-  // where every warp's share of them held back its warpgroup's wgmma.
-  float* dq_pending = nullptr;
+  // Bulk dQ: the dq_accum row of the last step's tile (-1: none), whose reductions from the shared buffer are
+  // issued under the next step's first GEMMs (or after the last step) rather than between the step's closing
+  // barrier and those GEMMs, where they would hold back thread 0's warpgroup.
+  int dq_pending = -1;
   auto reduce_pending_dq = [&] {
     if constexpr (T::kDqBulk) {
-      if (lane == 0 && dq_pending != nullptr) {
+      if (tidx == 0 && dq_pending >= 0) {
         CUTE_UNROLL
-        for (int r = warp * T::kDqRowsPerWarp; r < (warp + 1) * T::kDqRowsPerWarp; ++r) {
-          bulk_reduce_add_f32(dq_pending + r * kD, smem_dq + r * T::kDqRowFloats, kD * int(sizeof(float)));
+        for (int c = 0; c < kD / T::kDqBoxCols; ++c) {
+          tma_reduce_add_4d(sp.tma_dq, smem_dq + c * kBlockM * T::kDqBoxCols, c * T::kDqBoxCols, dq_pending);
         }
         bulk_commit_group();
       }
-      dq_pending = nullptr;
+      dq_pending = -1;
     }
   };
 
@@ -392,7 +397,7 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
       }
       // The last step's dQ reductions have read their buffer before anyone rewrites it (below, after this barrier).
       if constexpr (T::kDqBulk) {
-        if (lane == 0) bulk_wait_read();
+        if (tidx == 0) bulk_wait_read();
       }
       if constexpr (!T::kSplitHeadDim) __syncthreads();  // dS complete (split: since the barrier above)
 
@@ -406,29 +411,28 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
       warpgroup_fence_operand(acc_dv);
       warpgroup_fence_operand(acc_dk);
       warpgroup_fence_operand(acc_dq);
-      float* dq_rows = p.dq_accum + (acc0 + row0) * kD;  // the tile's rows, contiguous
       if constexpr (T::kDqBulk) {
-        Tensor tdQsdQ = thr_dq.partition_C(make_tensor(make_smem_ptr(smem_dq), Shape<Int<kBlockM>, Int<kD>>{},
-                                                       Stride<Int<T::kDqRowFloats>, _1>{}));
+        Tensor tdQsdQ = thr_dq.partition_C(make_tensor(make_smem_ptr(smem_dq), typename T::SmemLayoutdQ{}));
         CUTE_UNROLL
         for (int i = 0; i < size(acc_dq); i += 2) {  // elements 2i, 2i+1: adjacent columns of one row
           *reinterpret_cast<float2*>(&tdQsdQ(i)) = make_float2(acc_dq(i), acc_dq(i + 1));
         }
-        fence_smem_for_async_proxy();  // the generic-proxy stores, before the bulk reductions read them
+        fence_smem_for_async_proxy();  // the generic-proxy stores, before the TMA reductions read them
       } else {
+        float* dq_rows = p.dq_accum + (acc0 + row0) * kD;  // the tile's rows, contiguous
         Tensor gdQ = make_tensor(make_gmem_ptr(dq_rows), Shape<Int<kBlockM>, Int<kD>>{}, Stride<Int<kD>, _1>{});
         add_dq<T::kDeterministic, MaskBounds<T::kMask>::kLeft, kBlockN>(p, thr_dq.partition_C(gdQ), acc_dq,
                                                                         acc0 + row0, n_block, row0 + diag);
       }
       __syncthreads();  // every warpgroup is done with Q, dO and dS before the next tile overwrites them
-      if constexpr (T::kDqBulk) dq_pending = dq_rows;
+      if constexpr (T::kDqBulk) dq_pending = int(acc0 + row0);
     }
   }
   reduce_pending_dq();
 
   // Epilogue: dK scaled, dK and dV staged through the K/V buffers and stored with 16-byte vectors.
   if constexpr (T::kDqBulk) {  // the dQ buffer stays allocated, and dq_accum complete, until the reductions are done
-    if (lane == 0) bulk_wait_done();
+    if (tidx == 0) bulk_wait_done();
   }
   __syncthreads();
   CUTE_UNROLL

@@ -5,9 +5,10 @@
 
 namespace flash_gen {
 
-// BwdParams after TMA maps of q and dout (b, s, h, d) with boxes of 64 columns by block_m rows.
+// BwdParams after TMA maps of q and dout (b, s, h, d) with boxes of 64 columns by block_m rows, and of dq_accum
+// (1, rows, 1, head dim) in fp32 with boxes of 32 columns by block_m rows (bulk dQ; unused otherwise).
 struct Sm90BwdParams {
-  TensorMap tma_q, tma_do;
+  TensorMap tma_q, tma_do, tma_dq;
   BwdParams base;
 };
 
