@@ -17,8 +17,8 @@ class Sm90BwdConfig:
     dim is split), two Q/dO buffers; the template takes any block_m, the feasibility rule admits 64 x 128 (64 x 64
     at head dim 256) only for now. `overlap`: the dK/dV wgmmas run on through the dS barrier and the dQ GEMM
     instead of being waited for first (name suffix "o"). `dq_bulk`: each step's dQ goes through shared memory and
-    leaves as bulk asynchronous reductions (`cp.reduce.async.bulk`, one per row, lane 0 of each warp issuing its
-    8 rows) instead of each thread's `red.global.add` of its accumulators (suffix "b")."""
+    leaves as TMA tensor reductions (`cp.reduce.async.bulk.tensor`, one per 32-column box, all issued by thread 0)
+    instead of each thread's `red.global.add` of its accumulators (suffix "b")."""
 
     block_m: int = 64
     block_n: int = 128

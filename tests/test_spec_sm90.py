@@ -234,7 +234,7 @@ def test_hopper_backward_compiles_on_wgmma(tmp_path, monkeypatch):
 
 
 def test_hopper_backward_bulk_dq(tmp_path, monkeypatch):
-    """dq_bulk ("b"): dQ leaves through shared memory as bulk reductions, none element by element; not with
+    """dq_bulk ("b"): dQ leaves through shared memory as TMA tensor reductions, none element by element; not with
     deterministic dQ or a split head dim."""
     from flash_gen.spec_bwd import BwdKey
     from flash_gen.spec_bwd_sm90 import Sm90BwdConfig, sm90_bwd_config_from_name, sm90_bwd_infeasible_reason
@@ -250,5 +250,5 @@ def test_hopper_backward_bulk_dq(tmp_path, monkeypatch):
     (c,) = batches.compile_batch([(key, cfg)])
     assert c.error is None, c.error
     assert c.ok, f"{c.entry}: spills or serialised wgmmas"
-    assert "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32" in c.result.ptx
+    assert "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group" in c.result.ptx
     assert "red.global.add" not in c.result.ptx

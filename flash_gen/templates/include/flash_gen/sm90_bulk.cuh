@@ -1,6 +1,6 @@
 // Bulk asynchronous copies (sm_90a): loads from global to shared memory completing on an mbarrier, and reductions
-// from shared to global memory (plain, or of a TMA map's box) in the bulk groups of sm90_sync.cuh (which the TMA
-// stores share). Kept out of sm90_sync.cuh, which every Hopper kernel includes: only the backward uses these.
+// of a TMA map's box from shared to global memory in the bulk groups of sm90_sync.cuh (which the TMA stores share).
+// Kept out of sm90_sync.cuh, which every Hopper kernel includes: only the backward uses these.
 #pragma once
 #include "flash_gen/sm90_sync.cuh"  // MBarrier, smem_u32, uint32_t
 
@@ -11,14 +11,6 @@ __device__ __forceinline__ void bulk_load(void* smem, const void* gmem, uint32_t
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
                    smem_u32(smem)),
                "l"(gmem), "r"(bytes), "r"(smem_u32(&bar.word))
-               : "memory");
-}
-
-// gmem[i] += smem[i] over `bytes` (a multiple of 16; both addresses 16-byte aligned) of fp32, in this thread's
-// current bulk group.
-__device__ __forceinline__ void bulk_reduce_add_f32(float* gmem, const float* smem, uint32_t bytes) {
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(gmem),
-               "r"(smem_u32(smem)), "r"(bytes)
                : "memory");
 }
 
