@@ -222,12 +222,18 @@ def attention_bwd(
     aux_block = (_AUX_THREADS, 1, 1)
     var.preprocess.launch(shape.grids[0], aux_block, 0, stream, shape.params, patches)
     main_block = (var.cfg.num_threads, 1, 1)
-    if isinstance(var.cfg, Sm90BwdConfig):  # TMA boxes of a query tile's rows; dq_accum's (bulk dQ) 32 fp32 wide
-        rows, d = var.cfg.block_m, var.head_dim_mma
-        dq_accum = f32[2 * shape.part:2 * shape.part + shape.rows * d].view(1, shape.rows, 1, d)
-        maps = (("tma_q", q, rows), ("tma_do", dout, rows), ("tma_dq", dq_accum, rows, None, 32))
+    if isinstance(var.cfg, Sm90BwdConfig):  # TMA boxes of a query tile's rows; with bulk dQ, dq_accum's 32 fp32 wide
+        rows, d, bulk = var.cfg.block_m, var.head_dim_mma, var.cfg.dq_bulk
+
+        def maps() -> tuple[tuple, ...]:
+            q_do = (("tma_q", q, rows), ("tma_do", dout, rows))
+            if not bulk:
+                return q_do
+            dq_accum = f32[2 * shape.part:2 * shape.part + shape.rows * d].view(1, shape.rows, 1, d)
+            return (*q_do, ("tma_dq", dq_accum, rows, None, 32))
+
         main = tma.params_with_maps(Sm90BwdParams, shape.params, shape.maps,
-                                    (var, q.data_ptr(), dout.data_ptr(), base), maps)
+                                    (var, q.data_ptr(), dout.data_ptr(), base if bulk else 0), maps)
         var.main.launch(shape.grids[1], main_block, var.smem, stream, main, patches, _SM90_BASE)
     else:
         var.main.launch(shape.grids[1], main_block, var.smem, stream, shape.params, patches)

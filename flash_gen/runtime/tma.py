@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Callable
 import itertools
 import operator
 
@@ -74,18 +75,20 @@ MAPS_PER_SHAPE = 64  # address sets kept per forward plan or backward shape (a t
 
 
 def params_with_maps(struct: type, base: ctypes.Structure, cache: BoundedMemo, key: tuple,
-                     maps: tuple[tuple, ...], box_cols: int = BOX_COLS) -> ctypes.Structure:
+                     maps: tuple[tuple, ...] | Callable[[], tuple[tuple, ...]],
+                     box_cols: int = BOX_COLS) -> ctypes.Structure:
     """A Hopper kernel's parameter `struct`: TMA map fields first (`maps`: field, tensor (b, s, h, d) or packed
     (s, h, d), then encode_rows' box rows and, for a 5-D map, group; every box `box_cols` wide), then `base`, the
     shape's template (the same object for every call of a shape; per-call addresses are patched in at launch); a
-    map entry may end in its own box width after the group (None: not 5-D). A
+    map entry may end in its own box width after the group (None: not 5-D). `maps` may be a function returning
+    them, called only when they are encoded (views made for a map then cost nothing on a repeated call). A
     map depends only on the address, shape, strides, dtype and box, so the struct is kept in `cache` (one per
     shape) under `key` (the variant and the addresses): a repeated call (the caching allocator hands out the same
     blocks step after step) encodes nothing. Callers must not modify it."""
     params = cache.get(key)
     if params is None:
         params = struct()
-        for field, t, box_rows, *extra in maps:
+        for field, t, box_rows, *extra in (maps() if callable(maps) else maps):
             group, cols = (*extra, None, None)[:2]
             encode_rows(params, getattr(struct, field).offset, t if t.dim() == 4 else t[None], box_rows, group,
                         box_cols=cols or box_cols)
