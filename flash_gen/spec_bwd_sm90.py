@@ -14,8 +14,8 @@ from flash_gen.spec_bwd import BwdKey
 @dataclass(frozen=True)
 class Sm90BwdConfig:
     """block_m queries per step x block_n keys per CTA (two warpgroups of 64 keys, or 64 keys shared when the head
-    dim is split), two Q/dO buffers; the template takes any block_m, the feasibility rule admits 64 x 128 (64 x 64
-    at head dim 256) only for now. `overlap`: the dK/dV wgmmas run on through the dS barrier and the dQ GEMM
+    dim is split), two Q/dO buffers; the template takes any block_m, the feasibility rule admits 64 x 128 (and
+    128 x 128 at head dims up to 64) and 64 x 64 at head dim 256. `overlap`: the dK/dV wgmmas run on through the dS barrier and the dQ GEMM
     instead of being waited for first (name suffix "o"). `dq_bulk`: each step's dQ goes through shared memory and
     leaves as TMA tensor reductions (`cp.reduce.async.bulk.tensor`, one per 32-column box, all issued by thread 0)
     instead of each thread's `red.global.add` of its accumulators (suffix "b")."""
@@ -34,9 +34,9 @@ class Sm90BwdConfig:
         return 256
 
 
-# The tuner's axes where this kernel is the default (flash_gen.search.space): the dK/dV overlap for now (the tiles
-# are fixed per head dim); stages, block_m and the producer scheme join here as the template learns them.
-SM90_BWD_CONFIG_SPACE = {"block_m": (64,), "block_n": (64, 128), "overlap": (False, True), "dq_bulk": (False, True)}
+# The tuner's axes where this kernel is the default (flash_gen.search.space), pruned by sm90_bwd_infeasible_reason
+# (block_n is fixed per head dim, block_m 128 only at head dim 64); stages and a producer scheme would join here.
+SM90_BWD_CONFIG_SPACE = {"block_m": (64, 128), "block_n": (64, 128), "overlap": (False, True), "dq_bulk": (False, True)}
 
 
 def sm90_bwd_head_dim(key: BwdKey) -> int:
@@ -53,15 +53,16 @@ def split_head_dim(key: BwdKey) -> bool:
 
 def default_sm90_bwd_config(key: BwdKey) -> Sm90BwdConfig:
     """The tiling the kernel takes for `key`'s head dim, overlapping the dK/dV wgmmas where that measured ahead:
-    fwd+bwd +1.5-3% at head dim 64 on the H200, at 128 +2% without a mask but -1% causal. At head dim 128 the
-    overlap with bulk dQ measured ahead of both, without a mask and causal (+1-2% and +1-3% fwd+bwd, 2k-8k,
-    docs/hopper_backward.md); at 64 bulk dQ measured 1-3% behind. Both stay off in packed batches and under a
-    window, where they spilled 4-8 B until the row statistics moved to bulk copies; they compile spill-free there
-    now (NVRTC 13.0, 2026-12-02), but were not measured yet."""
+    fwd+bwd +1.5-3% at head dim 64 on the H200, at 128 +2% without a mask but -1% causal. Dense unmasked or causal
+    batches take bulk dQ with the overlap: at head dim 128 +1-3% over either alone (2k-8k, docs/hopper_backward.md);
+    at 64, on the TMA reductions and with 128-query steps (the default there without ALiBi), +8-13% over the
+    overlap alone and -1..+3% over 64-query steps with bulk dQ (fwd+bwd, 2k-8k, 2026-12-03, docs/benchmarks.md).
+    Packed batches and windows keep neither (unmeasured); deterministic dQ cannot take bulk dQ."""
     d = sm90_bwd_head_dim(key)
-    bulk = d == 128 and not key.deterministic and not key.varlen and key.mask in ("none", "causal")
+    bulk = d <= 128 and not key.deterministic and not key.varlen and key.mask in ("none", "causal")
     overlap = d <= 64 or bulk or (key.mask == "none" and not key.varlen)
-    return Sm90BwdConfig(64, 64 if split_head_dim(key) else 128, overlap, bulk)
+    block_m = 128 if d == 64 and bulk and not key.alibi else 64  # with ALiBi, 128-query steps spill 28-80 B
+    return Sm90BwdConfig(block_m, 64 if split_head_dim(key) else 128, overlap, bulk)
 
 
 def sm90_bwd_config_from_name(name: str) -> Sm90BwdConfig | None:
@@ -89,8 +90,10 @@ def sm90_bwd_infeasible_reason(key: BwdKey, cfg: Sm90BwdConfig) -> str | None:
         return "not supported yet: softcap"
     if cfg.block_n != (64 if split_head_dim(key) else 128):
         return "block_n: 64 when the warpgroups split the head dim (256), else 128"
-    if cfg.block_m != 64:  # 128 at hdim 64 compiles (the template takes it) but spills 388 B (NVRTC 13.0)
-        return "block_m 64 only so far: 128-query steps spill"
+    if cfg.block_m != 64 and not (cfg.block_m == 128 and sm90_bwd_head_dim(key) == 64):
+        # 128-query steps need 64 more accumulator registers per thread: spill-free at head dim 64 only (246-248
+        # registers, NVRTC 13.0, 2026-12-03; 388 B of spills before the register work of 2026-11-30..12-02)
+        return "block_m: 64, or 128 at head dims up to 64"
     if key.head_dim % 8 or not (key.head_dim <= 128 or key.head_dim == 256):
         # 136-248 would compute as 256 (192 splits into 96-column halves: no 128-byte swizzled operand)
         return f"head_dim {key.head_dim}: a multiple of 8 up to 128, or 256"

@@ -82,6 +82,10 @@ TILINGS = [
     ("bf16", 128, "none", "wgbm64n128ob"),
     ("fp16", 64, "causal", "wgbm64n128ob"),
     ("bf16", 128, "win64_64", "wgbm64n128b"),
+    # 128-query steps (head dims up to 64)
+    ("bf16", 64, "causal", "wgbm128n128o"),
+    ("fp16", 48, "none", "wgbm128n128ob"),
+    ("bf16", 64, "win64_64", "wgbm128n128"),
 ]
 
 

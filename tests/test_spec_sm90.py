@@ -206,10 +206,15 @@ def test_hopper_backward_is_the_sm90_default_where_it_fits():
                 BwdKey("sm90", "bf16", 128, "causal", softcap=True, alibi=True)]
     assert all(bwd_tilings.default_config(k) == default_sm90_bwd_config(k) for k in hopper)
     assert {default_sm90_bwd_config(k).name for k in hopper} == {"wgbm64n128", "wgbm64n128o", "wgbm64n128ob",
-                                                                   "wgbm64n64", "wgbm64n64o"}
-    # bulk dQ with the overlap at head dims 72-128 (computed as 128), dense, unmasked or causal, not deterministic
-    bulk = [k for k in hopper if 64 < k.head_dim <= 128 and not (k.varlen or k.deterministic) and k.mask != "local"]
+                                                                   "wgbm128n128ob", "wgbm64n64", "wgbm64n64o"}
+    # bulk dQ with the overlap at head dims up to 128, dense, unmasked or causal, not deterministic; with 128-query
+    # steps at head dims up to 64 without ALiBi, whose chain then falls back to 64-query steps before the portable
+    # kernel
+    bulk = [k for k in hopper if k.head_dim <= 128 and not (k.varlen or k.deterministic) and k.mask != "local"]
     assert all(default_sm90_bwd_config(k).dq_bulk == (k in bulk) for k in hopper)
+    assert all(default_sm90_bwd_config(k).block_m == (128 if k in bulk and k.head_dim <= 64 and not k.alibi else 64) for k in hopper)
+    chain = [c.name for c in bwd_tilings.default_configs(BwdKey("sm90", "bf16", 64, "causal"))]
+    assert chain[:4] == ["wgbm128n128ob", "wgbm128n128b", "wgbm64n128ob", "wgbm64n128b"]
     # the dK/dV overlap where it measured ahead: head dim 64 (computed), unmasked dense batches, and with bulk dQ
     assert all(default_sm90_bwd_config(k).overlap == (k.head_dim <= 64 or (k.mask == "none" and not k.varlen)
                                                       or k in bulk) for k in hopper)

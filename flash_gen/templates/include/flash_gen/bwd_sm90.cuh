@@ -353,21 +353,29 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
           copy(ds_store, thr_ds_store.retile_S(frag), thr_ds_store.partition_D(sPt));
           fence_smem_for_async_proxy();
         }
-        __syncthreads();  // P^T complete
-        if (wg == 1) {  // dS^T = P^T (dP^T - rowsum(dO * O)): the same fragment positions as warpgroup 0's
+        if (wg == 1) {  // dP^T - rowsum(dO * O) while warpgroup 0 forms P^T
           const int q0 = get<1>(cS(0));
           CUTE_UNROLL
           for (int i = 0; i < size(acc); i += 2) {
             const float2 dsum2 = stat_pair(dsum, q0 + (get<1>(cS(i)) - q0));
-            acc(i) = smem_pt_f32[i * 128 + tidx - 128] * (acc(i) - dsum2.x);
-            acc(i + 1) = smem_pt_f32[(i + 1) * 128 + tidx - 128] * (acc(i + 1) - dsum2.y);
+            acc(i) -= dsum2.x;
+            acc(i + 1) -= dsum2.y;
           }
+        }
+        __syncthreads();  // P^T complete
+        // Warpgroup 0's dV half runs on the tensor cores while warpgroup 1 forms dS^T, which would otherwise idle.
+        Tensor tdVrPt_s = desc_dkv.partition_fragment_A(sPt);
+        if (wg == 0) {
+          wgmma_issue<false>(mma_dkv, tdVrPt_s, tdVrdOt, acc_dv);
+        } else {  // dS^T = P^T (dP^T - rowsum(dO * O)): the same fragment positions as warpgroup 0's
+          CUTE_UNROLL
+          for (int i = 0; i < size(acc); ++i) acc(i) *= smem_pt_f32[i * 128 + tidx - 128];
           convert_pairs(acc, frag);
           copy(ds_store, thr_ds_store.retile_S(frag), thr_ds_store.partition_D(sdSt));
           fence_smem_for_async_proxy();
         }
         __syncthreads();  // dS^T complete
-        wgmma_issue<false>(mma_dkv, desc_dkv.partition_fragment_A(sPt), tdVrdOt, acc_dv);
+        if (wg == 1) wgmma_issue<false>(mma_dkv, tdVrPt_s, tdVrdOt, acc_dv);
         wgmma_issue<false>(mma_dkv, desc_dkv.partition_fragment_A(sdSt), tdKrQt, acc_dk);
       } else {
         Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
