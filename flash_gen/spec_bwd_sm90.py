@@ -17,7 +17,8 @@ class Sm90BwdConfig:
     dim is split), two Q/dO buffers; the template takes any block_m, the feasibility rule admits 64 x 128 (and
     128 x 128 at head dims up to 64) and 64 x 64 at head dim 256. `overlap`: the dK/dV wgmmas run on through the dS barrier and the dQ GEMM
     instead of being waited for first (name suffix "o"). `dq_bulk`: each step's dQ goes through shared memory and
-    leaves as TMA tensor reductions (`cp.reduce.async.bulk.tensor`, one per 32-column box, all issued by thread 0)
+    leaves as TMA tensor reductions (`cp.reduce.async.bulk.tensor`, one per 32-column box, issued by thread 0, or
+    per head dim half by each warpgroup's first thread when the head dim is split)
     instead of each thread's `red.global.add` of its accumulators (suffix "b")."""
 
     block_m: int = 64
@@ -56,10 +57,10 @@ def default_sm90_bwd_config(key: BwdKey) -> Sm90BwdConfig:
     fwd+bwd +1.5-3% at head dim 64 on the H200, at 128 +2% without a mask but -1% causal. Dense unmasked or causal
     batches take bulk dQ with the overlap: at head dim 128 +1-3% over either alone (2k-8k, docs/hopper_backward.md);
     at 64, on the TMA reductions and with 128-query steps (the default there without ALiBi), +8-13% over the
-    overlap alone and -1..+3% over 64-query steps with bulk dQ (fwd+bwd, 2k-8k, 2026-12-03, docs/benchmarks.md).
-    Packed batches and windows keep neither (unmeasured); deterministic dQ cannot take bulk dQ."""
+    overlap alone and -1..+3% over 64-query steps with bulk dQ (fwd+bwd, 2k-8k, 2026-12-03, docs/benchmarks.md);
+    at 256 (split head dim) each warpgroup's half of dQ in turn through the dS and P^T buffers. Packed batches and windows keep neither (unmeasured); deterministic dQ cannot take bulk dQ."""
     d = sm90_bwd_head_dim(key)
-    bulk = d <= 128 and not key.deterministic and not key.varlen and key.mask in ("none", "causal")
+    bulk = not key.deterministic and not key.varlen and key.mask in ("none", "causal")
     overlap = d <= 64 or bulk or (key.mask == "none" and not key.varlen)
     block_m = 128 if d == 64 and bulk and not key.alibi else 64  # with ALiBi, 128-query steps spill 28-80 B
     return Sm90BwdConfig(block_m, 64 if split_head_dim(key) else 128, overlap, bulk)
@@ -73,11 +74,12 @@ def sm90_bwd_config_from_name(name: str) -> Sm90BwdConfig | None:
 
 def sm90_bwd_smem_bytes(key: BwdKey, cfg: Sm90BwdConfig) -> int:
     """Q, dO (two buffers each), K, V and dS tiles (2-byte elements), with bulk dQ the step's dQ in fp32 (32-column
-    boxes, swizzled), when the head dim is split P^T in 4- and 2-byte elements, then per buffer the
-    tile's lse and rowsum(dO*O) (4 floats more each: their bulk copies start at a 16-byte boundary) and mbarrier."""
+    boxes, swizzled), when the head dim is split P^T in 4- and 2-byte elements (bulk dQ then stages each half of
+    dQ in the dS and P^T buffers), then per buffer the tile's lse and rowsum(dO*O) (4 floats more each: their bulk
+    copies start at a 16-byte boundary) and mbarrier."""
     d, tile = sm90_bwd_head_dim(key), cfg.block_m * cfg.block_n
     split = 6 * tile if split_head_dim(key) else 0
-    dq = 4 * cfg.block_m * d if cfg.dq_bulk else 0
+    dq = 4 * cfg.block_m * d if cfg.dq_bulk and not split else 0
     stats = 2 * 4 * (cfg.block_m + 4)
     return 2 * (4 * cfg.block_m * d + 2 * cfg.block_n * d + tile) + dq + split + 2 * (stats + 8)
 
@@ -97,8 +99,8 @@ def sm90_bwd_infeasible_reason(key: BwdKey, cfg: Sm90BwdConfig) -> str | None:
     if key.head_dim % 8 or not (key.head_dim <= 128 or key.head_dim == 256):
         # 136-248 would compute as 256 (192 splits into 96-column halves: no 128-byte swizzled operand)
         return f"head_dim {key.head_dim}: a multiple of 8 up to 128, or 256"
-    if cfg.dq_bulk and (key.deterministic or split_head_dim(key)):
-        return "bulk dQ: not with deterministic dQ (ordered reductions) or a split head dim (shared memory)"
+    if cfg.dq_bulk and key.deterministic:
+        return "bulk dQ: not with deterministic dQ (ordered reductions)"
     if sm90_bwd_smem_bytes(key, cfg) > MAX_SMEM_PER_BLOCK[key.arch]:
         return "shared memory"
     return None

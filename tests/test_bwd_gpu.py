@@ -82,6 +82,9 @@ TILINGS = [
     ("bf16", 128, "none", "wgbm64n128ob"),
     ("fp16", 64, "causal", "wgbm64n128ob"),
     ("bf16", 128, "win64_64", "wgbm64n128b"),
+    # split head dim with bulk dQ (each warpgroup's half in turn through the dS and P^T buffers)
+    ("bf16", 256, "causal", "wgbm64n64b"),
+    ("fp16", 256, "none", "wgbm64n64ob"),
     # 128-query steps (head dims up to 64)
     ("bf16", 64, "causal", "wgbm128n128o"),
     ("fp16", 48, "none", "wgbm128n128ob"),

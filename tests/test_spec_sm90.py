@@ -206,11 +206,12 @@ def test_hopper_backward_is_the_sm90_default_where_it_fits():
                 BwdKey("sm90", "bf16", 128, "causal", softcap=True, alibi=True)]
     assert all(bwd_tilings.default_config(k) == default_sm90_bwd_config(k) for k in hopper)
     assert {default_sm90_bwd_config(k).name for k in hopper} == {"wgbm64n128", "wgbm64n128o", "wgbm64n128ob",
-                                                                   "wgbm128n128ob", "wgbm64n64", "wgbm64n64o"}
-    # bulk dQ with the overlap at head dims up to 128, dense, unmasked or causal, not deterministic; with 128-query
+                                                                   "wgbm128n128ob", "wgbm64n64", "wgbm64n64o",
+                                                                   "wgbm64n64ob"}
+    # bulk dQ with the overlap at every head dim, dense, unmasked or causal, not deterministic; with 128-query
     # steps at head dims up to 64 without ALiBi, whose chain then falls back to 64-query steps before the portable
     # kernel
-    bulk = [k for k in hopper if k.head_dim <= 128 and not (k.varlen or k.deterministic) and k.mask != "local"]
+    bulk = [k for k in hopper if not (k.varlen or k.deterministic) and k.mask != "local"]
     assert all(default_sm90_bwd_config(k).dq_bulk == (k in bulk) for k in hopper)
     assert all(default_sm90_bwd_config(k).block_m == (128 if k in bulk and k.head_dim <= 64 and not k.alibi else 64) for k in hopper)
     chain = [c.name for c in bwd_tilings.default_configs(BwdKey("sm90", "bf16", 64, "causal"))]
@@ -240,7 +241,7 @@ def test_hopper_backward_compiles_on_wgmma(tmp_path, monkeypatch):
 
 def test_hopper_backward_bulk_dq(tmp_path, monkeypatch):
     """dq_bulk ("b"): dQ leaves through shared memory as TMA tensor reductions, none element by element; not with
-    deterministic dQ or a split head dim."""
+    deterministic dQ; with a split head dim (256) too."""
     from flash_gen.spec_bwd import BwdKey
     from flash_gen.spec_bwd_sm90 import Sm90BwdConfig, sm90_bwd_config_from_name, sm90_bwd_infeasible_reason
 
@@ -250,8 +251,8 @@ def test_hopper_backward_bulk_dq(tmp_path, monkeypatch):
     key = BwdKey("sm90", "bf16", 64, "none")
     assert sm90_bwd_infeasible_reason(key, cfg) is None
     assert "deterministic" in sm90_bwd_infeasible_reason(BwdKey("sm90", "bf16", 64, "none", deterministic=True), cfg)
-    split = Sm90BwdConfig(64, 64, dq_bulk=True)
-    assert "split" in sm90_bwd_infeasible_reason(BwdKey("sm90", "bf16", 256, "none"), split)
+    split = Sm90BwdConfig(64, 64, dq_bulk=True)  # each half of dQ in turn through the dS and P^T buffers
+    assert sm90_bwd_infeasible_reason(BwdKey("sm90", "bf16", 256, "none"), split) is None
     (c,) = batches.compile_batch([(key, cfg)])
     assert c.error is None, c.error
     assert c.ok, f"{c.entry}: spills or serialised wgmmas"

@@ -52,12 +52,20 @@ struct Sm90BwdTraits {
   // 0 adds the boxes into dq_accum (map tma_dq), taking the per-element reductions off the load/store queue. (Until
   // 2026-12-03 every warp's lane 0 sent 8 padded rows by row-wise bulk reductions: a loop of 8 uniform-datapath
   // instructions that took about 14% of the warps' time, ncu source counters, docs/hopper_backward.md.)
+  // Split head dim: no shared memory is left for a dQ buffer, so each warpgroup in turn stages its half in the dS
+  // and P^T buffers (32 KB, dead once the step's GEMMs are), then sends it the same way.
   static constexpr bool kDqBulk = kDqBulk_;
-  static_assert(!kDqBulk || (!kSplitHeadDim && !kDeterministic));
+  static_assert(!kDqBulk || !kDeterministic);
   static constexpr int kDqBoxCols = 32;  // fp32 columns of a 128-byte swizzle row
+  static constexpr int kDqStageCols = kSplitHeadDim ? kHeadDim / 2 : kHeadDim;  // columns staged at once
   using SmemLayoutdQ = decltype(tile_to_shape(
       composition(Swizzle<3, 2, 3>{}, Layout<Shape<_8, Int<kDqBoxCols>>, Stride<Int<kDqBoxCols>, _1>>{}),
-      Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+      Shape<Int<kBlockM>, Int<kDqStageCols>>{}));
+  // The staging buffer seen as the whole (queries, head dim) tile, the halves on the same bytes: each warpgroup's
+  // dQ accumulators partition it like the global tile.
+  using SmemLayoutdQTile = decltype(composition(
+      SmemLayoutdQ{}, Layout<Shape<Int<kBlockM>, Shape<Int<kDqStageCols>, Int<kHeadDim / kDqStageCols>>>,
+                             Stride<_1, Stride<Int<kBlockM>, _0>>>{}));
   static_assert(kHeadDim % 64 == 0 && kHeadDim <= 256 && kHeadDimIO <= kHeadDim && kHeadDimIO % 8 == 0);
 
   using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;
@@ -111,9 +119,12 @@ struct Sm90BwdTraits {
   // Q, dO, K, V and dS; the bulk dQ buffer follows, at the 1024-byte alignment its 128-byte swizzle assumes.
   static constexpr int kTileBytes =
       int(sizeof(Element)) * (2 * kStages * kBlockM * kHeadDim + 2 * kBlockN * kHeadDim + kBlockM * kBlockN);
-  static_assert(!kDqBulk || kTileBytes % 1024 == 0);
+  static constexpr int kDsBytes = kBlockM * kBlockN * int(sizeof(Element));
+  static_assert(!kDqBulk || (kSplitHeadDim ? (kTileBytes - kDsBytes) % 1024 == 0 &&
+                                                 kDsBytes + kSplitBytes == kBlockM * kDqStageCols * 4
+                                           : kTileBytes % 1024 == 0));
   static constexpr int kSmemBytes =
-      kTileBytes + (kDqBulk ? kBlockM * kHeadDim * int(sizeof(float)) : 0) + kSplitBytes +
+      kTileBytes + (kDqBulk && !kSplitHeadDim ? kBlockM * kHeadDim * int(sizeof(float)) : 0) + kSplitBytes +
       2 * kStages * kStatFloats * int(sizeof(float)) + kStages * int(sizeof(MBarrier));
 };
 
@@ -130,15 +141,19 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   BwdParams const& p = sp.base;
   using Element = typename T::Element;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kD = T::kHeadDim;
+  // Split bulk dQ: the named barrier of each warpgroup's staged half (id kDqHalfStaged + warpgroup).
+  constexpr int kDqHalfStaged = 1;
   extern __shared__ __align__(1024) char smem_buf[];
   Element* smem_q = reinterpret_cast<Element*>(smem_buf);
   Element* smem_do = smem_q + T::kStages * kBlockM * kD;
   Element* smem_k = smem_do + T::kStages * kBlockM * kD;
   Element* smem_v = smem_k + kBlockN * kD;
   Element* smem_ds = smem_v + kBlockN * kD;
-  float* smem_dq = reinterpret_cast<float*>(smem_ds + kBlockM * kBlockN);  // bulk dQ only; 1024-byte aligned
+  float* after_ds = reinterpret_cast<float*>(smem_ds + kBlockM * kBlockN);
+  // Bulk dQ only, 1024-byte aligned: its own buffer, or (split) the dS and P^T buffers.
+  float* smem_dq = T::kSplitHeadDim ? reinterpret_cast<float*>(smem_ds) : after_ds;
   // Split only: P^T as (fragment element, thread of the warpgroup) in fp32, then as a 1024-byte aligned operand.
-  float* smem_pt_f32 = smem_dq + (T::kDqBulk ? kBlockM * kD : 0);
+  float* smem_pt_f32 = after_ds + (T::kDqBulk && !T::kSplitHeadDim ? kBlockM * kD : 0);
   Element* smem_pt = reinterpret_cast<Element*>(smem_pt_f32 + (T::kSplitHeadDim ? kBlockN * kBlockM : 0));
   float* smem_lse = reinterpret_cast<float*>(smem_pt + (T::kSplitHeadDim ? kBlockN * kBlockM : 0));  // per buffer
   float* smem_dsum = smem_lse + T::kStages * T::kStatFloats;
@@ -228,7 +243,7 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   // barrier and those GEMMs, where they would hold back thread 0's warpgroup.
   int dq_pending = -1;
   auto reduce_pending_dq = [&] {
-    if constexpr (T::kDqBulk) {
+    if constexpr (T::kDqBulk && !T::kSplitHeadDim) {
       if (tidx == 0 && dq_pending >= 0) {
         CUTE_UNROLL
         for (int c = 0; c < kD / T::kDqBoxCols; ++c) {
@@ -345,15 +360,12 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
         warpgroup_wait<0>();
         warpgroup_fence_operand(acc);
         Tensor frag = make_tensor<Element>(acc.layout());
-        if (wg == 0) {  // P^T: fp32 for warpgroup 1's dS^T (thread-interleaved: conflict-free), bf16 for dV
+        if (wg == 0) {
           softmax_grad_step(acc, acc, cute::false_type{});
-          CUTE_UNROLL
-          for (int i = 0; i < size(acc); ++i) smem_pt_f32[i * 128 + tidx] = acc(i);
-          convert_pairs(acc, frag);
-          copy(ds_store, thr_ds_store.retile_S(frag), thr_ds_store.partition_D(sPt));
-          fence_smem_for_async_proxy();
-        }
-        if (wg == 1) {  // dP^T - rowsum(dO * O) while warpgroup 0 forms P^T
+        } else {  // dP^T - rowsum(dO * O) while warpgroup 0 forms P^T
+          if constexpr (T::kDqBulk) {
+            if (tidx == 128) bulk_wait_read();  // the last step's second dQ half, from where P^T goes
+          }
           const int q0 = get<1>(cS(0));
           CUTE_UNROLL
           for (int i = 0; i < size(acc); i += 2) {
@@ -361,6 +373,14 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
             acc(i) -= dsum2.x;
             acc(i + 1) -= dsum2.y;
           }
+        }
+        if constexpr (T::kDqBulk) __syncthreads();  // that dQ half has been read
+        if (wg == 0) {  // P^T: fp32 for warpgroup 1's dS^T (thread-interleaved: conflict-free), bf16 for dV
+          CUTE_UNROLL
+          for (int i = 0; i < size(acc); ++i) smem_pt_f32[i * 128 + tidx] = acc(i);
+          convert_pairs(acc, frag);
+          copy(ds_store, thr_ds_store.retile_S(frag), thr_ds_store.partition_D(sPt));
+          fence_smem_for_async_proxy();
         }
         __syncthreads();  // P^T complete
         // Warpgroup 0's dV half runs on the tensor cores while warpgroup 1 forms dS^T, which would otherwise idle.
@@ -404,7 +424,7 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
         }
       }
       // The last step's dQ reductions have read their buffer before anyone rewrites it (below, after this barrier).
-      if constexpr (T::kDqBulk) {
+      if constexpr (T::kDqBulk && !T::kSplitHeadDim) {
         if (tidx == 0) bulk_wait_read();
       }
       if constexpr (!T::kSplitHeadDim) __syncthreads();  // dS complete (split: since the barrier above)
@@ -419,13 +439,40 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
       warpgroup_fence_operand(acc_dv);
       warpgroup_fence_operand(acc_dk);
       warpgroup_fence_operand(acc_dq);
-      if constexpr (T::kDqBulk) {
-        Tensor tdQsdQ = thr_dq.partition_C(make_tensor(make_smem_ptr(smem_dq), typename T::SmemLayoutdQ{}));
+      // dQ into the staging buffer (the generic-proxy stores fenced before the TMA reductions read them).
+      auto stage_dq = [&] {
+        Tensor tdQsdQ = thr_dq.partition_C(make_tensor(make_smem_ptr(smem_dq), typename T::SmemLayoutdQTile{}));
         CUTE_UNROLL
         for (int i = 0; i < size(acc_dq); i += 2) {  // elements 2i, 2i+1: adjacent columns of one row
           *reinterpret_cast<float2*>(&tdQsdQ(i)) = make_float2(acc_dq(i), acc_dq(i + 1));
         }
-        fence_smem_for_async_proxy();  // the generic-proxy stores, before the TMA reductions read them
+        fence_smem_for_async_proxy();
+      };
+      if constexpr (T::kDqBulk && T::kSplitHeadDim) {
+        // Warpgroup 0's half, then warpgroup 1's, through the dS and P^T buffers; each warpgroup's first thread
+        // sends its half. The barriers also end the step (both warpgroups' GEMMs are done with Q, dO and dS).
+        __syncthreads();  // every GEMM has read dS and P^T
+        CUTE_UNROLL
+        for (int half = 0; half < 2; ++half) {
+          if (wg == half) {
+            stage_dq();
+            named_barrier_sync(kDqHalfStaged + half, 128);
+            if (tidx == half * 128) {
+              CUTE_UNROLL
+              for (int c = 0; c < T::kDqStageCols / T::kDqBoxCols; ++c) {
+                tma_reduce_add_4d(sp.tma_dq, smem_dq + c * kBlockM * T::kDqBoxCols,
+                                  half * T::kDqStageCols + c * T::kDqBoxCols, int(acc0 + row0));
+              }
+              bulk_commit_group();
+              // Warpgroup 1 stages next; its own half is waited for under the next step's first GEMMs.
+              if (half == 0) bulk_wait_read();
+            }
+          }
+          if (half == 0) __syncthreads();
+        }
+        continue;
+      } else if constexpr (T::kDqBulk) {
+        stage_dq();
       } else {
         float* dq_rows = p.dq_accum + (acc0 + row0) * kD;  // the tile's rows, contiguous
         Tensor gdQ = make_tensor(make_gmem_ptr(dq_rows), Shape<Int<kBlockM>, Int<kD>>{}, Stride<Int<kD>, _1>{});
@@ -440,7 +487,7 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
 
   // Epilogue: dK scaled, dK and dV staged through the K/V buffers and stored with 16-byte vectors.
   if constexpr (T::kDqBulk) {  // the dQ buffer stays allocated, and dq_accum complete, until the reductions are done
-    if (tidx == 0) bulk_wait_done();
+    if (tidx == 0 || (T::kSplitHeadDim && tidx == 128)) bulk_wait_done();
   }
   __syncthreads();
   CUTE_UNROLL
