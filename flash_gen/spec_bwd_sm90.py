@@ -15,10 +15,10 @@ from flash_gen.spec_bwd import BwdKey
 class Sm90BwdConfig:
     """block_m queries per step x block_n keys per CTA (two warpgroups of 64 keys, or 64 keys shared when the head
     dim is split), two Q/dO buffers; the template takes any block_m, the feasibility rule admits 64 x 128 (and
-    128 x 128 at head dims up to 64) and 64 x 64 at head dim 256. `overlap`: the dK/dV wgmmas run on through the dS barrier and the dQ GEMM
-    instead of being waited for first (name suffix "o"). `dq_bulk`: each step's dQ goes through shared memory and
-    leaves as TMA tensor reductions (`cp.reduce.async.bulk.tensor`, one per 32-column box, issued by thread 0, or
-    per head dim half by each warpgroup's first thread when the head dim is split)
+    128 x 128 at head dims up to 64) and 64 x 64 at head dim 256. `overlap`: the dK/dV wgmmas run on through the
+    dS barrier and the dQ GEMM instead of being waited for first (name suffix "o"). `dq_bulk`: each step's dQ goes
+    through shared memory and leaves as TMA tensor reductions (`cp.reduce.async.bulk.tensor`, one per 32-column
+    box, issued by thread 0, or per head dim half by each warpgroup's first thread when the head dim is split)
     instead of each thread's `red.global.add` of its accumulators (suffix "b")."""
 
     block_m: int = 64
@@ -58,7 +58,8 @@ def default_sm90_bwd_config(key: BwdKey) -> Sm90BwdConfig:
     batches take bulk dQ with the overlap: at head dim 128 +1-3% over either alone (2k-8k, docs/hopper_backward.md);
     at 64, on the TMA reductions and with 128-query steps (the default there without ALiBi), +8-13% over the
     overlap alone and -1..+3% over 64-query steps with bulk dQ (fwd+bwd, 2k-8k, 2026-12-03, docs/benchmarks.md);
-    at 256 (split head dim) each warpgroup's half of dQ in turn through the dS and P^T buffers. Packed batches and windows keep neither (unmeasured); deterministic dQ cannot take bulk dQ."""
+    at 256 (split head dim), each warpgroup's half of dQ in turn through the dS and P^T buffers, +9-12% (same
+    day). Packed batches and windows keep neither (unmeasured); deterministic dQ cannot take bulk dQ."""
     d = sm90_bwd_head_dim(key)
     bulk = not key.deterministic and not key.varlen and key.mask in ("none", "causal")
     overlap = d <= 64 or bulk or (key.mask == "none" and not key.varlen)

@@ -213,7 +213,8 @@ def test_hopper_backward_is_the_sm90_default_where_it_fits():
     # kernel
     bulk = [k for k in hopper if not (k.varlen or k.deterministic) and k.mask != "local"]
     assert all(default_sm90_bwd_config(k).dq_bulk == (k in bulk) for k in hopper)
-    assert all(default_sm90_bwd_config(k).block_m == (128 if k in bulk and k.head_dim <= 64 and not k.alibi else 64) for k in hopper)
+    assert all(default_sm90_bwd_config(k).block_m == (128 if k in bulk and k.head_dim <= 64 and not k.alibi else 64)
+               for k in hopper)
     chain = [c.name for c in bwd_tilings.default_configs(BwdKey("sm90", "bf16", 64, "causal"))]
     assert chain[:4] == ["wgbm128n128ob", "wgbm128n128b", "wgbm64n128ob", "wgbm64n128b"]
     # the dK/dV overlap where it measured ahead: head dim 64 (computed), unmasked dense batches, and with bulk dQ
