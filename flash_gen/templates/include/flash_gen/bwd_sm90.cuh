@@ -241,16 +241,18 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   // Bulk dQ: the dq_accum row of the last step's tile (-1: none), whose reductions from the shared buffer are
   // issued under the next step's first GEMMs (or after the last step) rather than between the step's closing
   // barrier and those GEMMs, where they would hold back thread 0's warpgroup.
+  // One thread: the staged columns [col0, col0 + kDqStageCols) of dq_accum row `row` onward, as one bulk group.
+  auto send_dq = [&](int col0, int row) {
+    CUTE_UNROLL
+    for (int c = 0; c < T::kDqStageCols / T::kDqBoxCols; ++c) {
+      tma_reduce_add_4d(sp.tma_dq, smem_dq + c * kBlockM * T::kDqBoxCols, col0 + c * T::kDqBoxCols, row);
+    }
+    bulk_commit_group();
+  };
   int dq_pending = -1;
   auto reduce_pending_dq = [&] {
     if constexpr (T::kDqBulk && !T::kSplitHeadDim) {
-      if (tidx == 0 && dq_pending >= 0) {
-        CUTE_UNROLL
-        for (int c = 0; c < kD / T::kDqBoxCols; ++c) {
-          tma_reduce_add_4d(sp.tma_dq, smem_dq + c * kBlockM * T::kDqBoxCols, c * T::kDqBoxCols, dq_pending);
-        }
-        bulk_commit_group();
-      }
+      if (tidx == 0 && dq_pending >= 0) send_dq(0, dq_pending);
       dq_pending = -1;
     }
   };
@@ -458,12 +460,7 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
             stage_dq();
             named_barrier_sync(kDqHalfStaged + half, 128);
             if (tidx == half * 128) {
-              CUTE_UNROLL
-              for (int c = 0; c < T::kDqStageCols / T::kDqBoxCols; ++c) {
-                tma_reduce_add_4d(sp.tma_dq, smem_dq + c * kBlockM * T::kDqBoxCols,
-                                  half * T::kDqStageCols + c * T::kDqBoxCols, int(acc0 + row0));
-              }
-              bulk_commit_group();
+              send_dq(half * T::kDqStageCols, int(acc0 + row0));
               // Warpgroup 1 stages next; its own half is waited for under the next step's first GEMMs.
               if (half == 0) bulk_wait_read();
             }
