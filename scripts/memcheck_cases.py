@@ -64,7 +64,7 @@ def dense_backward_cases() -> int:
         (64, 2, 200, 200, 2, 2, False, (-1, 17)),
         (96, 2, 301, 513, 4, 2, True, (-1, -1)),  # head dims the Hopper backward computes padded (as 128)
         (72, 1, 257, 129, 4, 2, False, (-1, -1)),  # forward as 80; KV head 1's 144-byte rows off the sectors
-        (256, 2, 301, 777, 4, 2, False, (-1, -1)),  # split head dim: dQ halves in turn through the dS/P^T buffers
+        (256, 2, 301, 777, 4, 2, False, (-1, -1)),  # split head dim: dQ halves staged in the dS/P^T and Q buffers
         (256, 1, 777, 301, 2, 1, True, (-1, -1)),
     ]
     for d, b, sq, sk, h, hk, causal, window in cases:

@@ -52,8 +52,8 @@ struct Sm90BwdTraits {
   // 0 adds the boxes into dq_accum (map tma_dq), taking the per-element reductions off the load/store queue. (Until
   // 2026-12-03 every warp's lane 0 sent 8 padded rows by row-wise bulk reductions: a loop of 8 uniform-datapath
   // instructions that took about 14% of the warps' time, ncu source counters, docs/hopper_backward.md.)
-  // Split head dim: no shared memory is left for a dQ buffer, so each warpgroup in turn stages its half in the dS
-  // and P^T buffers (32 KB, dead once the step's GEMMs are), then sends it the same way.
+  // Split head dim: no shared memory is left for a dQ buffer, so the warpgroups stage their halves (32 KB each) in
+  // buffers dead once the step's GEMMs are: the dS and P^T buffers, and the step's Q buffer.
   static constexpr bool kDqBulk = kDqBulk_;
   static_assert(!kDqBulk || !kDeterministic);
   static constexpr int kDqBoxCols = 32;  // fp32 columns of a 128-byte swizzle row
@@ -143,6 +143,9 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kD = T::kHeadDim;
   // Split bulk dQ: the named barrier of each warpgroup's staged half (id kDqHalfStaged + warpgroup).
   constexpr int kDqHalfStaged = 1;
+  // Split bulk dQ: the next tile's Q and dO are loaded once the last step's halves have been read (one of them from
+  // the Q buffer that load refills), after the step's softmax rather than under its first GEMMs.
+  constexpr bool kLateLoad = T::kDqBulk && T::kSplitHeadDim;
   extern __shared__ __align__(1024) char smem_buf[];
   Element* smem_q = reinterpret_cast<Element*>(smem_buf);
   Element* smem_do = smem_q + T::kStages * kBlockM * kD;
@@ -150,7 +153,8 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   Element* smem_v = smem_k + kBlockN * kD;
   Element* smem_ds = smem_v + kBlockN * kD;
   float* after_ds = reinterpret_cast<float*>(smem_ds + kBlockM * kBlockN);
-  // Bulk dQ only, 1024-byte aligned: its own buffer, or (split) the dS and P^T buffers.
+  // Bulk dQ only, 1024-byte aligned: its own buffer, or (split) the dS and P^T buffers for warpgroup 0's half and
+  // the step's Q buffer for warpgroup 1's (each 32 KB, dead once the step's GEMMs are).
   float* smem_dq = T::kSplitHeadDim ? reinterpret_cast<float*>(smem_ds) : after_ds;
   // Split only: P^T as (fragment element, thread of the warpgroup) in fp32, then as a 1024-byte aligned operand.
   float* smem_pt_f32 = after_ds + (T::kDqBulk && !T::kSplitHeadDim ? kBlockM * kD : 0);
@@ -179,6 +183,27 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   // Dense: each entry's rows through the maps' batch coordinate; packed: rows from q_start of the whole tensor,
   // whose boxes may run into the next entry (finite values whose lse padding makes P and dS zero).
   const int tma_batch = T::kVarlen ? 0 : batch;
+  // Thread 0 only: query tile m of head `head` into buffer `stage`. A buffer is refilled after the barrier that ends
+  // the step that last read it.
+  auto load_q_do = [&](int head, int m, int stage) {
+    const int64_t acc0 = acc_row0(p, T::kVarlen, batch, head, seq.q_start);
+    const int stat_shift = T::kVarlen ? int(acc0 & 3) : 0;
+    q_full[stage].arrive_expect_tx(T::kStageTxBytes);
+    CUTE_UNROLL
+    for (int c = 0; c < kD / T::kBoxCols; ++c) {
+      const int offset = (stage * kD + c * T::kBoxCols) * kBlockM;
+      const int row = seq.q_start + m * kBlockM;
+      tma_load_4d(sp.tma_q, q_full[stage], smem_q + offset, c * T::kBoxCols, row, head, tma_batch);
+      tma_load_4d(sp.tma_do, q_full[stage], smem_do + offset, c * T::kBoxCols, row, head, tma_batch);
+    }
+    // The row buffers are padded to whole tiles (lse +inf, dsum 0 past seqlen_q); the up to 4 floats read past a
+    // tile stay inside their allocation (runtime/bwd.py: lse_log2, dsum and dq_accum are parts of one buffer).
+    const int64_t stat0 = acc0 + m * kBlockM - stat_shift;
+    bulk_load(smem_lse + stage * T::kStatFloats, p.lse_log2 + stat0, T::kStatFloats * sizeof(float), q_full[stage]);
+    bulk_load(smem_dsum + stage * T::kStatFloats, p.dsum + stat0, T::kStatFloats * sizeof(float), q_full[stage]);
+  };
+  // The first tile's loads go out with K and V's.
+  if (tidx == 0 && m_min < m_max) load_q_do(head_k * group, m_min, 0);
 
   Tensor sQ = make_tensor(make_smem_ptr(smem_q), typename T::SmemLayoutQ{});
   Tensor sdO = make_tensor(make_smem_ptr(smem_do), typename T::SmemLayoutQ{});
@@ -241,18 +266,19 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   // Bulk dQ: the dq_accum row of the last step's tile (-1: none), whose reductions from the shared buffer are
   // issued under the next step's first GEMMs (or after the last step) rather than between the step's closing
   // barrier and those GEMMs, where they would hold back thread 0's warpgroup.
-  // One thread: the staged columns [col0, col0 + kDqStageCols) of dq_accum row `row` onward, as one bulk group.
-  auto send_dq = [&](int col0, int row) {
+  // One thread: the columns [col0, col0 + kDqStageCols) of dq_accum row `row` onward, staged at `buf`, as one bulk
+  // group.
+  auto send_dq = [&](const float* buf, int col0, int row) {
     CUTE_UNROLL
     for (int c = 0; c < T::kDqStageCols / T::kDqBoxCols; ++c) {
-      tma_reduce_add_4d(sp.tma_dq, smem_dq + c * kBlockM * T::kDqBoxCols, col0 + c * T::kDqBoxCols, row);
+      tma_reduce_add_4d(sp.tma_dq, buf + c * kBlockM * T::kDqBoxCols, col0 + c * T::kDqBoxCols, row);
     }
     bulk_commit_group();
   };
   int dq_pending = -1;
   auto reduce_pending_dq = [&] {
     if constexpr (T::kDqBulk && !T::kSplitHeadDim) {
-      if (tidx == 0 && dq_pending >= 0) send_dq(0, dq_pending);
+      if (tidx == 0 && dq_pending >= 0) send_dq(smem_dq, 0, dq_pending);
       dq_pending = -1;
     }
   };
@@ -266,31 +292,18 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
     const int64_t acc0 = acc_row0(p, T::kVarlen, batch, head, seq.q_start);
     // The statistics' rows from the 16-byte boundary; dense rows start at multiples of block_m (acc_row0).
     const int stat_shift = T::kVarlen ? int(acc0 & 3) : 0;
-    // Thread 0 only. A buffer is refilled after the barrier that ends the step that last read it.
-    auto load_q_do = [&](int m, int stage) {
-      q_full[stage].arrive_expect_tx(T::kStageTxBytes);
-      CUTE_UNROLL
-      for (int c = 0; c < kD / T::kBoxCols; ++c) {
-        const int offset = (stage * kD + c * T::kBoxCols) * kBlockM;
-        const int row = seq.q_start + m * kBlockM;
-        tma_load_4d(sp.tma_q, q_full[stage], smem_q + offset, c * T::kBoxCols, row, head, tma_batch);
-        tma_load_4d(sp.tma_do, q_full[stage], smem_do + offset, c * T::kBoxCols, row, head, tma_batch);
-      }
-      // The row buffers are padded to whole tiles (lse +inf, dsum 0 past seqlen_q); the up to 4 floats read past a
-      // tile stay inside their allocation (runtime/bwd.py: lse_log2, dsum and dq_accum are parts of one buffer).
-      const int64_t stat0 = acc0 + m * kBlockM - stat_shift;
-      bulk_load(smem_lse + stage * T::kStatFloats, p.lse_log2 + stat0, T::kStatFloats * sizeof(float), q_full[stage]);
-      bulk_load(smem_dsum + stage * T::kStatFloats, p.dsum + stat0, T::kStatFloats * sizeof(float), q_full[stage]);
-    };
-    if (tidx == 0 && m_min < m_max) load_q_do(m_min, step % T::kStages);
+    if (tidx == 0 && m_min < m_max && g > 0) load_q_do(head, m_min, step % T::kStages);
 
     for (int m = m_min; m < m_max; ++m, ++step) {
       const int row0 = m * kBlockM, stage = step % T::kStages;
       q_full[stage].wait((step / T::kStages) & 1);  // this step's Q, dO and row statistics have landed
+      auto load_next = [&] {
+        if (tidx == 0 && m + 1 < m_max) load_q_do(head, m + 1, (step + 1) % T::kStages);
+      };
       // Issued once this step's first GEMMs are, so that they do not wait for it: thread 0 fills the other buffer
       // (free since the last step's closing barrier), and the last step's dQ leaves.
       auto under_first_gemms = [&] {
-        if (tidx == 0 && m + 1 < m_max) load_q_do(m + 1, (step + 1) % T::kStages);
+        if constexpr (!kLateLoad) load_next();
         reduce_pending_dq();
       };
       const float* lse = smem_lse + stage * T::kStatFloats + stat_shift;
@@ -365,9 +378,6 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
         if (wg == 0) {
           softmax_grad_step(acc, acc, cute::false_type{});
         } else {  // dP^T - rowsum(dO * O) while warpgroup 0 forms P^T
-          if constexpr (T::kDqBulk) {
-            if (tidx == 128) bulk_wait_read();  // the last step's second dQ half, from where P^T goes
-          }
           const int q0 = get<1>(cS(0));
           CUTE_UNROLL
           for (int i = 0; i < size(acc); i += 2) {
@@ -376,7 +386,11 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
             acc(i + 1) -= dsum2.y;
           }
         }
-        if constexpr (T::kDqBulk) __syncthreads();  // that dQ half has been read
+        if constexpr (T::kDqBulk) {
+          if (tidx % 128 == 0) bulk_wait_read();  // the last step's dQ halves, from where P^T and the next Q go
+          __syncthreads();
+          load_next();
+        }
         if (wg == 0) {  // P^T: fp32 for warpgroup 1's dS^T (thread-interleaved: conflict-free), bf16 for dV
           CUTE_UNROLL
           for (int i = 0; i < size(acc); ++i) smem_pt_f32[i * 128 + tidx] = acc(i);
@@ -442,8 +456,8 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
       warpgroup_fence_operand(acc_dk);
       warpgroup_fence_operand(acc_dq);
       // dQ into the staging buffer (the generic-proxy stores fenced before the TMA reductions read them).
-      auto stage_dq = [&] {
-        Tensor tdQsdQ = thr_dq.partition_C(make_tensor(make_smem_ptr(smem_dq), typename T::SmemLayoutdQTile{}));
+      auto stage_dq = [&](float* buf) {
+        Tensor tdQsdQ = thr_dq.partition_C(make_tensor(make_smem_ptr(buf), typename T::SmemLayoutdQTile{}));
         CUTE_UNROLL
         for (int i = 0; i < size(acc_dq); i += 2) {  // elements 2i, 2i+1: adjacent columns of one row
           *reinterpret_cast<float2*>(&tdQsdQ(i)) = make_float2(acc_dq(i), acc_dq(i + 1));
@@ -451,25 +465,17 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
         fence_smem_for_async_proxy();
       };
       if constexpr (T::kDqBulk && T::kSplitHeadDim) {
-        // Warpgroup 0's half, then warpgroup 1's, through the dS and P^T buffers; each warpgroup's first thread
-        // sends its half. The barriers also end the step (both warpgroups' GEMMs are done with Q, dO and dS).
-        __syncthreads();  // every GEMM has read dS and P^T
-        CUTE_UNROLL
-        for (int half = 0; half < 2; ++half) {
-          if (wg == half) {
-            stage_dq();
-            named_barrier_sync(kDqHalfStaged + half, 128);
-            if (tidx == half * 128) {
-              send_dq(half * T::kDqStageCols, int(acc0 + row0));
-              // Warpgroup 1 stages next; its own half is waited for under the next step's first GEMMs.
-              if (half == 0) bulk_wait_read();
-            }
-          }
-          if (half == 0) __syncthreads();
-        }
+        // Both warpgroups stage their halves at once, warpgroup 0's in the dS and P^T buffers and warpgroup 1's in
+        // this step's Q buffer; each warpgroup's first thread sends its half. The barrier also ends the step (both
+        // warpgroups' GEMMs are done with Q, dO and dS); the halves are waited for after the next step's softmax.
+        __syncthreads();  // every GEMM has read dS, P^T and Q
+        float* buf = wg == 0 ? smem_dq : reinterpret_cast<float*>(smem_q + stage * kBlockM * kD);
+        stage_dq(buf);
+        named_barrier_sync(kDqHalfStaged + wg, 128);
+        if (tidx % 128 == 0) send_dq(buf, wg * T::kDqStageCols, int(acc0 + row0));
         continue;
       } else if constexpr (T::kDqBulk) {
-        stage_dq();
+        stage_dq(smem_dq);
       } else {
         float* dq_rows = p.dq_accum + (acc0 + row0) * kD;  // the tile's rows, contiguous
         Tensor gdQ = make_tensor(make_gmem_ptr(dq_rows), Shape<Int<kBlockM>, Int<kD>>{}, Stride<Int<kD>, _1>{});
