@@ -58,8 +58,9 @@ def default_sm90_bwd_config(key: BwdKey) -> Sm90BwdConfig:
     batches take bulk dQ with the overlap: at head dim 128 +1-3% over either alone (2k-8k, docs/hopper_backward.md);
     at 64, on the TMA reductions and with 128-query steps (the default there without ALiBi), +8-13% over the
     overlap alone and -1..+3% over 64-query steps with bulk dQ (fwd+bwd, 2k-8k, 2026-12-03, docs/benchmarks.md);
-    at 256 (split head dim), each warpgroup's half of dQ in turn through the dS and P^T buffers, +9-12% (same
-    day). Packed batches and windows keep neither (unmeasured); deterministic dQ cannot take bulk dQ."""
+    at 256 (split head dim), the warpgroups' halves of dQ staged in the step's Q and dO buffers, +9-12% (same
+    day, then through other buffers). Packed batches and windows keep neither (unmeasured); deterministic dQ
+    cannot take bulk dQ."""
     d = sm90_bwd_head_dim(key)
     bulk = not key.deterministic and not key.varlen and key.mask in ("none", "causal")
     overlap = d <= 64 or bulk or (key.mask == "none" and not key.varlen)
@@ -75,11 +76,11 @@ def sm90_bwd_config_from_name(name: str) -> Sm90BwdConfig | None:
 
 def sm90_bwd_smem_bytes(key: BwdKey, cfg: Sm90BwdConfig) -> int:
     """Q, dO (two buffers each), K, V and dS tiles (2-byte elements), with bulk dQ the step's dQ in fp32 (32-column
-    boxes, swizzled), when the head dim is split P^T in 4- and 2-byte elements (bulk dQ then stages each half of
-    dQ in the dS and P^T buffers), then per buffer the tile's lse and rowsum(dO*O) (4 floats more each: their bulk
+    boxes, swizzled), when the head dim is split P^T (bulk dQ then stages each half of dQ in the step's Q and dO
+    buffers), then per buffer the tile's lse and rowsum(dO*O) (4 floats more each: their bulk
     copies start at a 16-byte boundary) and mbarrier."""
     d, tile = sm90_bwd_head_dim(key), cfg.block_m * cfg.block_n
-    split = 6 * tile if split_head_dim(key) else 0
+    split = 2 * tile if split_head_dim(key) else 0
     dq = 4 * cfg.block_m * d if cfg.dq_bulk and not split else 0
     stats = 2 * 4 * (cfg.block_m + 4)
     return 2 * (4 * cfg.block_m * d + 2 * cfg.block_n * d + tile) + dq + split + 2 * (stats + 8)

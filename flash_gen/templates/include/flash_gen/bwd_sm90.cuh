@@ -53,7 +53,7 @@ struct Sm90BwdTraits {
   // 2026-12-03 every warp's lane 0 sent 8 padded rows by row-wise bulk reductions: a loop of 8 uniform-datapath
   // instructions that took about 14% of the warps' time, ncu source counters, docs/hopper_backward.md.)
   // Split head dim: no shared memory is left for a dQ buffer, so the warpgroups stage their halves (32 KB each) in
-  // buffers dead once the step's GEMMs are: the dS and P^T buffers, and the step's Q buffer.
+  // the step's dO and Q buffers, dead once its GEMMs are (the next tile's load into them waits for their reads).
   static constexpr bool kDqBulk = kDqBulk_;
   static_assert(!kDqBulk || !kDeterministic);
   static constexpr int kDqBoxCols = 32;  // fp32 columns of a 128-byte swizzle row
@@ -114,14 +114,12 @@ struct Sm90BwdTraits {
   static constexpr int kStatFloats = kBlockM + 4;
   static constexpr uint32_t kStageTxBytes =  // Q and dO tiles, and the statistics
       2 * kBlockM * kHeadDim * sizeof(Element) + 2 * kStatFloats * sizeof(float);
-  // Split: P^T in fp32 (for warpgroup 1's dS^T) and bf16 (the dV operand).
-  static constexpr int kSplitBytes = kSplitHeadDim ? kBlockN * kBlockM * (int(sizeof(Element)) + 4) : 0;
+  // Split: P^T, the operand of dV (and where warpgroup 1 reads P^T back for dS^T).
+  static constexpr int kSplitBytes = kSplitHeadDim ? kBlockN * kBlockM * int(sizeof(Element)) : 0;
   // Q, dO, K, V and dS; the bulk dQ buffer follows, at the 1024-byte alignment its 128-byte swizzle assumes.
   static constexpr int kTileBytes =
       int(sizeof(Element)) * (2 * kStages * kBlockM * kHeadDim + 2 * kBlockN * kHeadDim + kBlockM * kBlockN);
-  static constexpr int kDsBytes = kBlockM * kBlockN * int(sizeof(Element));
-  static_assert(!kDqBulk || (kSplitHeadDim ? (kTileBytes - kDsBytes) % 1024 == 0 &&
-                                                 kDsBytes + kSplitBytes == kBlockM * kDqStageCols * 4
+  static_assert(!kDqBulk || (kSplitHeadDim ? kBlockM * kHeadDim * int(sizeof(Element)) == kBlockM * kDqStageCols * 4
                                            : kTileBytes % 1024 == 0));
   static constexpr int kSmemBytes =
       kTileBytes + (kDqBulk && !kSplitHeadDim ? kBlockM * kHeadDim * int(sizeof(float)) : 0) + kSplitBytes +
@@ -143,8 +141,8 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kD = T::kHeadDim;
   // Split bulk dQ: the named barrier of each warpgroup's staged half (id kDqHalfStaged + warpgroup).
   constexpr int kDqHalfStaged = 1;
-  // Split bulk dQ: the next tile's Q and dO are loaded once the last step's halves have been read (one of them from
-  // the Q buffer that load refills), after the step's softmax rather than under its first GEMMs.
+  // Split bulk dQ: the next tile's Q and dO are loaded once the last step's halves have been read from the buffers
+  // that load refills, after the step's softmax rather than under its first GEMMs.
   constexpr bool kLateLoad = T::kDqBulk && T::kSplitHeadDim;
   extern __shared__ __align__(1024) char smem_buf[];
   Element* smem_q = reinterpret_cast<Element*>(smem_buf);
@@ -153,12 +151,10 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   Element* smem_v = smem_k + kBlockN * kD;
   Element* smem_ds = smem_v + kBlockN * kD;
   float* after_ds = reinterpret_cast<float*>(smem_ds + kBlockM * kBlockN);
-  // Bulk dQ only, 1024-byte aligned: its own buffer, or (split) the dS and P^T buffers for warpgroup 0's half and
-  // the step's Q buffer for warpgroup 1's (each 32 KB, dead once the step's GEMMs are).
-  float* smem_dq = T::kSplitHeadDim ? reinterpret_cast<float*>(smem_ds) : after_ds;
-  // Split only: P^T as (fragment element, thread of the warpgroup) in fp32, then as a 1024-byte aligned operand.
-  float* smem_pt_f32 = after_ds + (T::kDqBulk && !T::kSplitHeadDim ? kBlockM * kD : 0);
-  Element* smem_pt = reinterpret_cast<Element*>(smem_pt_f32 + (T::kSplitHeadDim ? kBlockN * kBlockM : 0));
+  // Bulk dQ only, 1024-byte aligned (split: the step's dO and Q buffers hold the warpgroups' halves instead).
+  float* smem_dq = after_ds;
+  // Split only: P^T, a 1024-byte aligned operand.
+  Element* smem_pt = reinterpret_cast<Element*>(after_ds + (T::kDqBulk && !T::kSplitHeadDim ? kBlockM * kD : 0));
   float* smem_lse = reinterpret_cast<float*>(smem_pt + (T::kSplitHeadDim ? kBlockN * kBlockM : 0));  // per buffer
   float* smem_dsum = smem_lse + T::kStages * T::kStatFloats;
   MBarrier* q_full = reinterpret_cast<MBarrier*>(smem_dsum + T::kStages * T::kStatFloats);  // per Q/dO buffer
@@ -257,6 +253,9 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   auto thr_ds_store = ds_store.get_thread_slice(T::kSplitHeadDim ? tidx % 128 : tidx);
   Tensor tdSsdSt = thr_ds_store.partition_D(make_tensor(make_smem_ptr(smem_ds), typename T::SmemLayoutdSt{}));
   Tensor sPt = make_tensor(make_smem_ptr(smem_pt), typename T::SmemLayoutPt{});
+  // Split: the inverse of ds_store, P^T from shared memory into the S^T accumulators' positions.
+  auto pt_load = make_tiled_copy_C(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, mma_sdp);
+  auto thr_pt_load = pt_load.get_thread_slice(tidx % 128);
   Tensor sdSt = make_tensor(make_smem_ptr(smem_ds), typename T::SmemLayoutPt{});
 
   cp_async_wait<0>();  // K and V
@@ -386,26 +385,24 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
             acc(i + 1) -= dsum2.y;
           }
         }
-        if constexpr (T::kDqBulk) {
-          if (tidx % 128 == 0) bulk_wait_read();  // the last step's dQ halves, from where P^T and the next Q go
-          __syncthreads();
-          load_next();
-        }
-        if (wg == 0) {  // P^T: fp32 for warpgroup 1's dS^T (thread-interleaved: conflict-free), bf16 for dV
-          CUTE_UNROLL
-          for (int i = 0; i < size(acc); ++i) smem_pt_f32[i * 128 + tidx] = acc(i);
+        if (wg == 0) {  // P^T, the operand of dV and of warpgroup 1's dS^T
           convert_pairs(acc, frag);
           copy(ds_store, thr_ds_store.retile_S(frag), thr_ds_store.partition_D(sPt));
           fence_smem_for_async_proxy();
         }
-        __syncthreads();  // P^T complete
+        if constexpr (T::kDqBulk) {
+          if (tidx % 128 == 0) bulk_wait_read();  // the last step's dQ halves, from the Q and dO buffers
+        }
+        __syncthreads();  // P^T complete (and, bulk dQ, the buffers the next tile's load refills free)
+        if constexpr (kLateLoad) load_next();
         // Warpgroup 0's dV half runs on the tensor cores while warpgroup 1 forms dS^T, which would otherwise idle.
         Tensor tdVrPt_s = desc_dkv.partition_fragment_A(sPt);
         if (wg == 0) {
           wgmma_issue<false>(mma_dkv, tdVrPt_s, tdVrdOt, acc_dv);
-        } else {  // dS^T = P^T (dP^T - rowsum(dO * O)): the same fragment positions as warpgroup 0's
+        } else {  // dS^T = P^T (dP^T - rowsum(dO * O)), P^T read back by ldmatrix into warpgroup 0's positions
+          copy(pt_load, thr_pt_load.partition_S(sPt), thr_pt_load.retile_D(frag));
           CUTE_UNROLL
-          for (int i = 0; i < size(acc); ++i) acc(i) *= smem_pt_f32[i * 128 + tidx - 128];
+          for (int i = 0; i < size(acc); ++i) acc(i) *= float(frag(i));
           convert_pairs(acc, frag);
           copy(ds_store, thr_ds_store.retile_S(frag), thr_ds_store.partition_D(sdSt));
           fence_smem_for_async_proxy();
@@ -465,11 +462,11 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
         fence_smem_for_async_proxy();
       };
       if constexpr (T::kDqBulk && T::kSplitHeadDim) {
-        // Both warpgroups stage their halves at once, warpgroup 0's in the dS and P^T buffers and warpgroup 1's in
-        // this step's Q buffer; each warpgroup's first thread sends its half. The barrier also ends the step (both
-        // warpgroups' GEMMs are done with Q, dO and dS); the halves are waited for after the next step's softmax.
-        __syncthreads();  // every GEMM has read dS, P^T and Q
-        float* buf = wg == 0 ? smem_dq : reinterpret_cast<float*>(smem_q + stage * kBlockM * kD);
+        // Both warpgroups stage their halves at once, warpgroup 0's in this step's dO buffer and warpgroup 1's in its
+        // Q buffer; each warpgroup's first thread sends its half. The barrier also ends the step (both warpgroups'
+        // GEMMs are done with Q, dO and dS); the halves are waited for after the next step's softmax.
+        __syncthreads();  // every GEMM has read Q and dO
+        float* buf = reinterpret_cast<float*>((wg == 0 ? smem_do : smem_q) + stage * kBlockM * kD);
         stage_dq(buf);
         named_barrier_sync(kDqHalfStaged + wg, 128);
         if (tidx % 128 == 0) send_dq(buf, wg * T::kDqStageCols, int(acc0 + row0));
