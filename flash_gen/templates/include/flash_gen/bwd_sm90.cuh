@@ -150,11 +150,10 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   Element* smem_k = smem_do + T::kStages * kBlockM * kD;
   Element* smem_v = smem_k + kBlockN * kD;
   Element* smem_ds = smem_v + kBlockN * kD;
-  float* after_ds = reinterpret_cast<float*>(smem_ds + kBlockM * kBlockN);
   // Bulk dQ only, 1024-byte aligned (split: the step's dO and Q buffers hold the warpgroups' halves instead).
-  float* smem_dq = after_ds;
+  float* smem_dq = reinterpret_cast<float*>(smem_ds + kBlockM * kBlockN);
   // Split only: P^T, a 1024-byte aligned operand.
-  Element* smem_pt = reinterpret_cast<Element*>(after_ds + (T::kDqBulk && !T::kSplitHeadDim ? kBlockM * kD : 0));
+  Element* smem_pt = reinterpret_cast<Element*>(smem_dq + (T::kDqBulk && !T::kSplitHeadDim ? kBlockM * kD : 0));
   float* smem_lse = reinterpret_cast<float*>(smem_pt + (T::kSplitHeadDim ? kBlockN * kBlockM : 0));  // per buffer
   float* smem_dsum = smem_lse + T::kStages * T::kStatFloats;
   MBarrier* q_full = reinterpret_cast<MBarrier*>(smem_dsum + T::kStages * T::kStatFloats);  // per Q/dO buffer
@@ -262,9 +261,6 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   fence_smem_for_async_proxy();  // cp.async wrote them through the generic proxy; wgmma reads them
   __syncthreads();  // K and V visible, barriers initialised
 
-  // Bulk dQ: the dq_accum row of the last step's tile (-1: none), whose reductions from the shared buffer are
-  // issued under the next step's first GEMMs (or after the last step) rather than between the step's closing
-  // barrier and those GEMMs, where they would hold back thread 0's warpgroup.
   // One thread: the columns [col0, col0 + kDqStageCols) of dq_accum row `row` onward, staged at `buf`, as one bulk
   // group.
   auto send_dq = [&](const float* buf, int col0, int row) {
@@ -274,6 +270,9 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
     }
     bulk_commit_group();
   };
+  // Bulk dQ: the dq_accum row of the last step's tile (-1: none), whose reductions from the shared buffer are
+  // issued under the next step's first GEMMs (or after the last step) rather than between the step's closing
+  // barrier and those GEMMs, where they would hold back thread 0's warpgroup.
   int dq_pending = -1;
   auto reduce_pending_dq = [&] {
     if constexpr (T::kDqBulk && !T::kSplitHeadDim) {
