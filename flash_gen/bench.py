@@ -32,6 +32,7 @@ import flash_gen
 from flash_gen import bwd_tilings, fwd_tilings
 from flash_gen.bwd_tilings import BwdTiling
 from flash_gen.gpu_monitor import GpuMonitor
+from flash_gen.validate import derive_mask
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 PEERS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
@@ -58,12 +59,25 @@ class Shape:
     dtype: str
     direction: str = "fwd"
     softcap: float = 0.0  # flash_gen's only (the peers are off)
+    window: tuple[int, int] = (-1, -1)  # flash_attn's window_size (-1: unbounded side); flash_gen's only too
 
     @property
     def flops(self) -> float:
-        """Forward: two matmuls of 2*S*S*D flops per head, causal skips half of them; backward: 2.5x that."""
-        full = 4 * self.batch * self.nheads * self.seqlen * self.seqlen * self.hdim
-        return (full / 2 if self.causal else full) * FLOP_FACTOR[self.direction]
+        """Forward: two matmuls of 2*D flops per visible (query, key) pair, S*S of them, causal counting half;
+        with a window, the pairs inside it, counted exactly; backward: 2.5x that."""
+        if self.window == (-1, -1):
+            pairs = self.seqlen * self.seqlen / (2 if self.causal else 1)
+        else:
+            pairs = visible_pairs(self.seqlen, self.window[0], 0 if self.causal else self.window[1])
+        return 4 * self.batch * self.nheads * pairs * self.hdim * FLOP_FACTOR[self.direction]
+
+
+def visible_pairs(seqlen: int, left: int, right: int) -> int:
+    """(query, key) pairs with key - query in [-left, right] (-1: unbounded) of a seqlen x seqlen attention."""
+    i = torch.arange(seqlen, dtype=torch.int64)
+    lo = (i - left).clamp(min=0) if left >= 0 else torch.zeros_like(i)
+    hi = (i + right).clamp(max=seqlen - 1) if right >= 0 else torch.full_like(i, seqlen - 1)
+    return int((hi - lo + 1).clamp(min=0).sum())
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,20 +86,22 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         print(f"--peers: unknown {unknown}; choose from {list(PEERS)}", file=sys.stderr)
         return 2
-    if args.softcap and args.peers:
-        print("--softcap: SDPA has no softcap; pass --peers= to time flash_gen alone", file=sys.stderr)
+    own = [name for name, on in (("--softcap", args.softcap), ("--window", args.window != (-1, -1))) if on]
+    if own and args.peers:
+        print(f"{', '.join(own)}: flash_gen's only (not in SDPA); pass --peers= to time flash_gen alone",
+              file=sys.stderr)
         return 2
     if not torch.cuda.is_available():
         print("flash-gen bench needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
         return 2
     timer_name, timer = median_timer()
-    impls = {"flash_gen": (contextlib.nullcontext, functools.partial(_flash_gen, softcap=args.softcap))}
+    scores = dict(softcap=args.softcap, window=args.window)
+    impls = {"flash_gen": (contextlib.nullcontext, functools.partial(_flash_gen, **scores))}
     for name in args.configs:
         if args.direction == "fwd":
-            impl = functools.partial(_flash_gen, config=fwd_tilings.config_from_name(name), softcap=args.softcap)
+            impl = functools.partial(_flash_gen, config=fwd_tilings.config_from_name(name), **scores)
         else:
-            impl = functools.partial(_flash_gen_bwd_config, config=bwd_tilings.config_from_name(name),
-                                     softcap=args.softcap)
+            impl = functools.partial(_flash_gen_bwd_config, config=bwd_tilings.config_from_name(name), **scores)
         impls[f"fg:{name}"] = (contextlib.nullcontext, impl)
     impls.update({p: (functools.partial(sdpa_kernel, PEERS[p]), _sdpa) for p in args.peers})
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
@@ -102,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
                 dtype=args.dtype,
                 direction=args.direction,
                 softcap=args.softcap,
+                window=args.window,
             )
             results.append(_bench_shape(shape, impls, timer, args.repeats, l2_bytes or FALLBACK_L2_BYTES))
             _print_row(results[-1])
@@ -133,25 +150,32 @@ def run_record() -> dict:
 
 
 def _flash_gen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, config=None,
-               softcap: float = 0.0) -> torch.Tensor:
+               softcap: float = 0.0, window: tuple[int, int] = (-1, -1)) -> torch.Tensor:
     """flash_gen's forward as a user calls it, or (with `config`) forced to one tiling through the runtime."""
     if config is None:
-        return flash_gen.flash_attn_func(q, k, v, causal=causal, softcap=softcap)
+        return flash_gen.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap)
     from flash_gen.runtime.fwd import attention_fwd
 
-    return attention_fwd(q, k, v, softmax_scale=q.shape[-1] ** -0.5, causal=causal, window_size=(-1, -1),
-                         softcap=softcap, alibi_slopes=None, config=config)[0]
+    return attention_fwd(q, k, v, **_runtime_scores(q, k, causal, softcap, window), config=config)[0]
+
+
+def _runtime_scores(q: torch.Tensor, k: torch.Tensor, causal: bool, softcap: float,
+                    window: tuple[int, int]) -> dict:
+    """The runtime's score arguments for a forced tiling: causal and the window normalised as the public
+    functions do (the runtime takes a causal flag or a finite window, not both)."""
+    mask, window = derive_mask(causal, window, q.shape[1], k.shape[1])
+    return dict(softmax_scale=q.shape[-1] ** -0.5, causal=mask == "causal", window_size=window, softcap=softcap,
+                alibi_slopes=None)
 
 
 class _ForcedBackward(torch.autograd.Function):
     """flash_gen's default forward with its backward forced to one tiling (fg:NAME columns of fwd+bwd runs)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal: bool, config: BwdTiling, softcap: float):
+    def forward(ctx, q, k, v, causal: bool, config: BwdTiling, softcap: float, window: tuple[int, int]):
         from flash_gen.runtime.fwd import attention_fwd
 
-        ctx.attn = dict(softmax_scale=q.shape[-1] ** -0.5, causal=causal, window_size=(-1, -1), softcap=softcap,
-                        alibi_slopes=None)
+        ctx.attn = _runtime_scores(q, k, causal, softcap, window)
         out, lse = attention_fwd(q, k, v, **ctx.attn)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.config = config
@@ -165,12 +189,12 @@ class _ForcedBackward(torch.autograd.Function):
         grads = tuple(torch.empty_like(t) for t in (q, k, v))
         attention_bwd(dout.contiguous(), q, k, v, out, lse, *grads, deterministic=False, config=ctx.config,
                       **ctx.attn)
-        return (*grads, None, None, None)
+        return (*grads, None, None, None, None)
 
 
-def _flash_gen_bwd_config(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                          config: BwdTiling, softcap: float = 0.0) -> torch.Tensor:
-    return _ForcedBackward.apply(q, k, v, causal, config, softcap)
+def _flash_gen_bwd_config(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, config: BwdTiling,
+                          softcap: float = 0.0, window: tuple[int, int] = (-1, -1)) -> torch.Tensor:
+    return _ForcedBackward.apply(q, k, v, causal, config, softcap, window)
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
@@ -237,7 +261,8 @@ def _bench_shape(shape: Shape, impls: dict, timer: Callable, repeats: int, l2_by
         "_spans": spans,  # replaced by each sample's clock and power once the run's monitor has stopped
         "tflops": {name: shape.flops / (t * 1e-3) / 1e12 if t else None for name, t in ms.items()},
         "errors": errors,
-        "max_abs_diff": None if shape.softcap else _max_abs_diff(sets[0], shape.causal),  # SDPA has no softcap
+        # SDPA has neither softcap nor windows
+        "max_abs_diff": None if shape.softcap or shape.window != (-1, -1) else _max_abs_diff(sets[0], shape.causal),
     }
 
 

@@ -35,6 +35,17 @@ def _csv(cast: Callable[[str], Any], allowed: Sequence[Any]) -> Callable[[str], 
     return parse
 
 
+def _window(text: str) -> tuple[int, int]:
+    """argparse type for LEFT,RIGHT window sizes (flash_attn's window_size, -1 unbounded)."""
+    try:
+        left, right = (int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: two integers LEFT,RIGHT") from None
+    if left < -1 or right < -1:
+        raise argparse.ArgumentTypeError(f"{text!r}: each side -1 (unbounded) or at least 0")
+    return left, right
+
+
 def _variants(args: argparse.Namespace) -> list[tuple]:
     """Selected keys (forward and/or backward) x (their default config, or each --configs tiling of that
     direction that is feasible for the key)."""
@@ -233,6 +244,9 @@ def _add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                         "e.g. m64n128w8a242s2) with fwd+bwd")
     parser.add_argument("--softcap", type=float, default=0.0,
                         help="flash_gen's softcap (SDPA has none: run with --peers= to time flash_gen alone)")
+    parser.add_argument("--window", type=_window, default=(-1, -1), metavar="LEFT,RIGHT",
+                        help="flash_gen's local window, flash_attn's window_size (-1: unbounded; with causal the "
+                        "right side is 0); FLOPs count the visible pairs. SDPA has none: run with --peers=")
     parser.add_argument("--json", default="bench_fwd.json", help="write every number here (default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=5, help="timings per cell, interleaved; the median is kept")
 

@@ -66,3 +66,22 @@ def test_the_monitor_reads_what_nvidia_smi_wrote_until_it_was_stopped(tmp_path, 
     with GpuMonitor("0") as monitor:  # no nvidia-smi: nothing recorded, nothing raised
         pass
     assert monitor.samples == [] and monitor.window(datetime.min, datetime.max) is None
+
+
+def test_windowed_shapes_count_the_visible_pairs():
+    """With --window, FLOPs count the (query, key) pairs inside the window exactly (causal: right side 0); without,
+    the ANCHORS convention (S*S, causal half)."""
+    brute = lambda s, left, right: sum(  # noqa: E731
+        1 for i in range(s) for j in range(s) if (left < 0 or j >= i - left) and (right < 0 or j <= i + right))
+    for left, right in ((-1, -1), (-1, 0), (3, 0), (2, 5), (0, 0), (40, 40)):
+        assert bench.visible_pairs(17, left, right) == brute(17, left, right)
+    shape = lambda causal, window: bench.Shape(64, causal, 1000, 2, 3, "bf16", "fwd+bwd", window=window)  # noqa: E731
+    per_pair = 4 * 2 * 3 * 64 * 3.5
+    assert shape(True, (-1, -1)).flops == per_pair * 1000 * 1000 / 2
+    assert shape(True, (100, 7)).flops == per_pair * bench.visible_pairs(1000, 100, 0)
+    assert shape(False, (100, 7)).flops == per_pair * bench.visible_pairs(1000, 100, 7)
+    # a forced tiling goes through the runtime, which takes a causal flag or a finite window, normalised
+    q = bench.torch.empty(1, 1000, 1, 64)
+    assert bench._runtime_scores(q, q, True, 0.0, (100, 7))["window_size"] == (100, 0)
+    assert not bench._runtime_scores(q, q, True, 0.0, (100, 7))["causal"]
+    assert bench._runtime_scores(q, q, True, 0.0, (-1, -1))["causal"]

@@ -206,12 +206,11 @@ def test_hopper_backward_is_the_sm90_default_where_it_fits():
                 BwdKey("sm90", "bf16", 128, "causal", softcap=True, alibi=True)]
     assert all(bwd_tilings.default_config(k) == default_sm90_bwd_config(k) for k in hopper)
     assert {default_sm90_bwd_config(k).name for k in hopper} == {"wgbm64n128", "wgbm64n128o", "wgbm64n128ob",
-                                                                   "wgbm128n128ob", "wgbm64n64", "wgbm64n64o",
-                                                                   "wgbm64n64ob"}
-    # bulk dQ with the overlap at every head dim, dense, unmasked or causal, not deterministic; with 128-query
+                                                                   "wgbm128n128ob", "wgbm64n64o", "wgbm64n64ob"}
+    # bulk dQ with the overlap at every head dim and mask, dense or packed, unless deterministic; with 128-query
     # steps at head dims up to 64 without ALiBi, whose chain then falls back to 64-query steps before the portable
     # kernel
-    bulk = [k for k in hopper if not (k.varlen or k.deterministic) and k.mask != "local"]
+    bulk = [k for k in hopper if not k.deterministic]
     assert all(default_sm90_bwd_config(k).dq_bulk == (k in bulk) for k in hopper)
     assert all(default_sm90_bwd_config(k).block_m == (128 if k in bulk and k.head_dim <= 64 and not k.alibi else 64)
                for k in hopper)
