@@ -62,7 +62,10 @@ def _cases() -> list[Case]:
     cases += [Case("bf16", 256, ragged_q, ragged_k, 2, 1, "causal", sm90_config="wgm128n64s2"),
               Case("fp16", 64, ragged_q, ragged_k, 4, 2, "win32_0", "softcap", sm90_config="wgm64n128s2"),
               Case("bf16", 128, many, tuple(reversed(many)), 2, 1, "none", "alibi", sm90_config="wgm128n128s3p"),
-              Case("bf16", 96, ragged_q, ragged_q, 4, 4, "causal", sm90_config="wgm128n128s2p")]
+              Case("bf16", 96, ragged_q, ragged_q, 4, 4, "causal", sm90_config="wgm128n128s2p"),
+              # 192-row tiles (three consumer warpgroups), 80-key steps: the packed forward's candidate at 128
+              Case("bf16", 128, ragged_q, ragged_k, 4, 2, "causal", sm90_config="wgm192n80s3"),
+              Case("fp16", 128, many, tuple(reversed(many)), 2, 2, "none", sm90_config="wgm192n80s3")]
     return cases
 
 
