@@ -59,9 +59,10 @@ def default_sm90_bwd_config(key: BwdKey) -> Sm90BwdConfig:
     at 64, on the TMA reductions and with 128-query steps (the default there without ALiBi), +8-13% over the
     overlap alone and -1..+3% over 64-query steps with bulk dQ (fwd+bwd, 2k-8k, 2026-12-03, docs/benchmarks.md);
     at 256 (split head dim), the warpgroups' halves of dQ staged in the step's Q and dO buffers, +9-12% (same
-    day, then through other buffers). Packed batches and windows take them too: +9-15% fwd+bwd on a ragged batch
-    (benchmarks/bench_varlen.py, head dims 64-256) and +6-13% under a 512/512 window (4k) against the tilings they
-    had (2026-12-03, docs/hopper_backward.md). Deterministic dQ cannot take bulk dQ."""
+    day, then through other buffers). Packed batches and windows take them too: fwd+bwd +9-17% on a ragged batch
+    (benchmarks/bench_varlen.py, head dims 64-256) and +7-15% under windows (1024/0 causal at 8k, 512/512 at 4k)
+    against the tilings they had (2026-12-03, docs/hopper_backward.md). Deterministic dQ cannot take bulk dQ, so
+    the overlap's last condition decides deterministic keys only."""
     d = sm90_bwd_head_dim(key)
     bulk = not key.deterministic
     overlap = d <= 64 or bulk or (key.mask == "none" and not key.varlen)
