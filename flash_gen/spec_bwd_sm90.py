@@ -19,16 +19,20 @@ class Sm90BwdConfig:
     dS barrier and the dQ GEMM instead of being waited for first (name suffix "o"). `dq_bulk`: each step's dQ goes
     through shared memory and leaves as TMA tensor reductions (`cp.reduce.async.bulk.tensor`, one per 32-column
     box, issued by thread 0, or per head dim half by each warpgroup's first thread when the head dim is split)
-    instead of each thread's `red.global.add` of its accumulators (suffix "b")."""
+    instead of each thread's `red.global.add` of its accumulators (suffix "b"). `decoupled` (bulk dQ, head dims up to
+    128): the warpgroups meet once per step, at the dS barrier, not also at its end; dS is double-buffered, the next
+    Q/dO tile loads after the dS barrier and each warpgroup sends its own half of dQ (suffix "d")."""
 
     block_m: int = 64
     block_n: int = 128
     overlap: bool = False
     dq_bulk: bool = False
+    decoupled: bool = False
 
     @property
     def name(self) -> str:
-        return f"wgbm{self.block_m}n{self.block_n}" + ("o" if self.overlap else "") + ("b" if self.dq_bulk else "")
+        flags = ("o" if self.overlap else "") + ("b" if self.dq_bulk else "") + ("d" if self.decoupled else "")
+        return f"wgbm{self.block_m}n{self.block_n}{flags}"
 
     @property
     def num_threads(self) -> int:
@@ -37,7 +41,8 @@ class Sm90BwdConfig:
 
 # The tuner's axes where this kernel is the default (flash_gen.search.space), pruned by sm90_bwd_infeasible_reason
 # (block_n is fixed per head dim, block_m 128 only at head dim 64); stages and a producer scheme would join here.
-SM90_BWD_CONFIG_SPACE = {"block_m": (64, 128), "block_n": (64, 128), "overlap": (False, True), "dq_bulk": (False, True)}
+SM90_BWD_CONFIG_SPACE = {"block_m": (64, 128), "block_n": (64, 128), "overlap": (False, True), "dq_bulk": (False, True),
+                         "decoupled": (False, True)}
 
 
 def sm90_bwd_head_dim(key: BwdKey) -> int:
@@ -72,20 +77,21 @@ def default_sm90_bwd_config(key: BwdKey) -> Sm90BwdConfig:
 
 def sm90_bwd_config_from_name(name: str) -> Sm90BwdConfig | None:
     """Inverse of Sm90BwdConfig.name, or None for a name of another kernel family."""
-    m = re.fullmatch(r"wgbm(\d+)n(\d+)(o?)(b?)", name)
-    return Sm90BwdConfig(int(m[1]), int(m[2]), bool(m[3]), bool(m[4])) if m else None
+    m = re.fullmatch(r"wgbm(\d+)n(\d+)(o?)(b?)(d?)", name)
+    return Sm90BwdConfig(int(m[1]), int(m[2]), bool(m[3]), bool(m[4]), bool(m[5])) if m else None
 
 
 def sm90_bwd_smem_bytes(key: BwdKey, cfg: Sm90BwdConfig) -> int:
     """Q, dO (two buffers each), K, V and dS tiles (2-byte elements), with bulk dQ the step's dQ in fp32 (32-column
     boxes, swizzled), when the head dim is split P^T (bulk dQ then stages each half of dQ in the step's Q and dO
-    buffers), then per buffer the tile's lse and rowsum(dO*O) (4 floats more each: their bulk copies start at a
+    buffers), decoupled a second dS tile, then per buffer the tile's lse and rowsum(dO*O) (4 floats more each: their bulk copies start at a
     16-byte boundary) and mbarrier."""
     d, tile = sm90_bwd_head_dim(key), cfg.block_m * cfg.block_n
     split = 2 * tile if split_head_dim(key) else 0
     dq = 4 * cfg.block_m * d if cfg.dq_bulk and not split else 0
     stats = 2 * 4 * (cfg.block_m + 4)
-    return 2 * (4 * cfg.block_m * d + 2 * cfg.block_n * d + tile) + dq + split + 2 * (stats + 8)
+    ds = 2 * tile if cfg.decoupled else tile
+    return 2 * (4 * cfg.block_m * d + 2 * cfg.block_n * d + ds) + dq + split + 2 * (stats + 8)
 
 
 def sm90_bwd_infeasible_reason(key: BwdKey, cfg: Sm90BwdConfig) -> str | None:
@@ -105,6 +111,8 @@ def sm90_bwd_infeasible_reason(key: BwdKey, cfg: Sm90BwdConfig) -> str | None:
         return f"head_dim {key.head_dim}: a multiple of 8 up to 128, or 256"
     if cfg.dq_bulk and key.deterministic:
         return "bulk dQ: not with deterministic dQ (ordered reductions)"
+    if cfg.decoupled and (not cfg.dq_bulk or split_head_dim(key)):
+        return "decoupled: with bulk dQ, at head dims up to 128"
     if sm90_bwd_smem_bytes(key, cfg) > MAX_SMEM_PER_BLOCK[key.arch]:
         return "shared memory"
     return None

@@ -21,11 +21,12 @@ def i32(values) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.int32, device="cuda")
 
 
-def varlen_cases() -> int:
+def varlen_cases(head_dim: int = 64) -> int:
+    """Packed batches with valid, out-of-range and garbage offsets (head dim 128: the 192-row forward tiles)."""
     total_q, total_k = 300, 250
-    q = torch.randn(total_q, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    k = torch.randn(total_k, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    v = torch.randn(total_k, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    q = torch.randn(total_q, 4, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(total_k, 2, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(total_k, 2, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     offsets = [
         ([0, 100, 100, 300], [0, 50, 120, 250]),  # valid, with a zero-length entry
         ([0, 200, 100, 300], [0, 300, 20, 250]),  # decreasing, past the end
@@ -159,8 +160,8 @@ def kvcache_cases(seqlen_q: int = 4, page_sizes: tuple[int, ...] = (0, 1, 16, 25
 
 
 if __name__ == "__main__":
-    n = varlen_cases() + dense_backward_cases() + pack_gqa_cases() + dense_split_cases() + kvcache_cases()
-    n += kvcache_cases(70, (0, 256)) + varlen_paged_cases()
+    n = varlen_cases() + varlen_cases(128) + dense_backward_cases() + pack_gqa_cases() + dense_split_cases()
+    n += kvcache_cases() + kvcache_cases(70, (0, 256)) + varlen_paged_cases()
     if torch.cuda.get_device_capability() == (9, 0):
         n += hopper_tiling_cases()
     torch.cuda.synchronize()

@@ -89,6 +89,11 @@ TILINGS = [
     ("bf16", 64, "causal", "wgbm128n128o"),
     ("fp16", 48, "none", "wgbm128n128ob"),
     ("bf16", 64, "win64_64", "wgbm128n128"),
+    # decoupled warpgroups (one barrier per step, dS double-buffered, a dQ half sent per warpgroup)
+    ("bf16", 128, "none", "wgbm64n128obd"),
+    ("fp16", 128, "causal", "wgbm64n128obd"),
+    ("bf16", 96, "win64_64", "wgbm64n128bd"),
+    ("fp16", 64, "causal", "wgbm128n128obd"),
 ]
 
 

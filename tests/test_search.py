@@ -31,8 +31,9 @@ def test_space_is_the_templates_declaration():
     assert space.axes(fwd) == spec_sm90.SM90_CONFIG_SPACE and space.axes(portable) == spec.CONFIG_SPACE
     assert space.axes(bwd) == spec_bwd.BWD_CONFIG_SPACE
     assert space.axes(hopper_bwd) == spec_bwd_sm90.SM90_BWD_CONFIG_SPACE
-    assert {(c.overlap, c.dq_bulk) for c in space.feasible_configs(hopper_bwd)} == {  # its knobs so far
-        (False, False), (False, True), (True, False), (True, True)}
+    assert {(c.overlap, c.dq_bulk, c.decoupled) for c in space.feasible_configs(hopper_bwd)} == {  # its knobs so far
+        (False, False, False), (False, True, False), (True, False, False), (True, True, False), (False, True, True),
+        (True, True, True)}
     assert space.default_config(hopper_bwd) in space.feasible_configs(hopper_bwd)
     for fam in (fwd, portable, bwd, space.Family("decode", "sm90", "bf16", 128, "none")):
         configs = list(space.feasible_configs(fam))

@@ -55,9 +55,13 @@ def test_infeasible_reason_explains_rejections(key, cfg, reason):
 
 def test_varlen_defaults_run_one_cta_per_tile():
     for d in (64, 96, 128, 256):
-        dense, packed = (default_sm90_config(FwdKey("sm90", "bf16", d, "causal", varlen=v)) for v in (False, True))
-        assert packed is not None and not packed.persistent
-        assert dataclasses.replace(packed, persistent=dense.persistent) == dense
+        for mask in ("causal", "local"):
+            dense, packed = (default_sm90_config(FwdKey("sm90", "bf16", d, mask, varlen=v)) for v in (False, True))
+            assert packed is not None and not packed.persistent
+            if d == 128 and mask == "causal":  # packed batches measured faster on 192 x 80 tiles
+                assert packed == Sm90FwdConfig(80, 3, pingpong=False, block_m=192)
+            else:
+                assert dataclasses.replace(packed, persistent=dense.persistent) == dense
 
 
 def test_kv_cache_keys_run_the_hopper_kernel_one_cta_per_tile_with_one_more_barrier():
@@ -241,9 +245,10 @@ def test_hopper_backward_compiles_on_wgmma(tmp_path, monkeypatch):
 
 def test_hopper_backward_bulk_dq(tmp_path, monkeypatch):
     """dq_bulk ("b"): dQ leaves through shared memory as TMA tensor reductions, none element by element; not with
-    deterministic dQ; with a split head dim (256) too."""
+    deterministic dQ; with a split head dim (256) too. decoupled ("d") builds on it."""
     from flash_gen.spec_bwd import BwdKey
-    from flash_gen.spec_bwd_sm90 import Sm90BwdConfig, sm90_bwd_config_from_name, sm90_bwd_infeasible_reason
+    from flash_gen.spec_bwd_sm90 import (Sm90BwdConfig, sm90_bwd_config_from_name, sm90_bwd_infeasible_reason,
+                                         sm90_bwd_smem_bytes)
 
     monkeypatch.setenv("FLASH_GEN_CACHE_DIR", str(tmp_path))
     cfg = Sm90BwdConfig(64, 128, overlap=True, dq_bulk=True)
@@ -253,6 +258,15 @@ def test_hopper_backward_bulk_dq(tmp_path, monkeypatch):
     assert "deterministic" in sm90_bwd_infeasible_reason(BwdKey("sm90", "bf16", 64, "none", deterministic=True), cfg)
     split = Sm90BwdConfig(64, 64, dq_bulk=True)  # each half of dQ in turn through the dS and P^T buffers
     assert sm90_bwd_infeasible_reason(BwdKey("sm90", "bf16", 256, "none"), split) is None
+    # decoupled ("d"): one barrier per step, a second dS tile; bulk dQ and an unsplit head dim only
+    decoupled = Sm90BwdConfig(64, 128, overlap=True, dq_bulk=True, decoupled=True)
+    assert decoupled.name == "wgbm64n128obd" and sm90_bwd_config_from_name(decoupled.name) == decoupled
+    hd128 = BwdKey("sm90", "bf16", 128, "causal")
+    assert sm90_bwd_infeasible_reason(hd128, decoupled) is None
+    assert sm90_bwd_smem_bytes(hd128, decoupled) == sm90_bwd_smem_bytes(hd128, cfg) + 2 * 64 * 128
+    for k, c in ((hd128, Sm90BwdConfig(64, 128, decoupled=True)), (BwdKey("sm90", "bf16", 256, "none"),
+                                                                    Sm90BwdConfig(64, 64, dq_bulk=True, decoupled=True))):
+        assert "decoupled" in sm90_bwd_infeasible_reason(k, c)
     (c,) = batches.compile_batch([(key, cfg)])
     assert c.error is None, c.error
     assert c.ok, f"{c.entry}: spills or serialised wgmmas"

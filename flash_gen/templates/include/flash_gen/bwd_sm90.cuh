@@ -27,7 +27,7 @@
 namespace flash_gen {
 
 template <class Element_, int kHeadDim_, int kHeadDimIO_, int kBlockM_, int kBlockN_, bool kOverlap_, Mask kMask_,
-          bool kAlibi_, bool kVarlen_, bool kDeterministic_, bool kDqBulk_>
+          bool kAlibi_, bool kVarlen_, bool kDeterministic_, bool kDqBulk_, bool kDecoupled_>
 struct Sm90BwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;      // what the GEMMs compute: 64, 128 or 256
@@ -56,6 +56,14 @@ struct Sm90BwdTraits {
   // the step's dO and Q buffers, dead once its GEMMs are (the next tile's load into them waits for their reads).
   static constexpr bool kDqBulk = kDqBulk_;
   static_assert(!kDqBulk || !kDeterministic);
+  // Decoupled warpgroups (Sm90BwdConfig.decoupled, unsplit bulk dQ): they meet once per step, at the dS barrier,
+  // rather than also at its end, so one can run its next GEMMs while the other finishes its softmax or dQ. What the
+  // closing barrier guarded: dS is double-buffered; the next tile's Q and dO load after the dS barrier (by then the
+  // other warpgroup has done every GEMM of the step before, the last to read that buffer); each warpgroup stages
+  // and sends its own half of dQ.
+  static constexpr bool kDecoupled = kDecoupled_;
+  static_assert(!kDecoupled || (kDqBulk && !kSplitHeadDim));
+  static constexpr int kDsStages = kDecoupled ? 2 : 1;
   static constexpr int kDqBoxCols = 32;  // fp32 columns of a 128-byte swizzle row
   static constexpr int kDqStageCols = kSplitHeadDim ? kHeadDim / 2 : kHeadDim;  // columns staged at once
   using SmemLayoutdQ = decltype(tile_to_shape(
@@ -118,7 +126,7 @@ struct Sm90BwdTraits {
   static constexpr int kSplitBytes = kSplitHeadDim ? kBlockN * kBlockM * int(sizeof(Element)) : 0;
   // Q, dO, K, V and dS; the bulk dQ buffer follows, at the 1024-byte alignment its 128-byte swizzle assumes.
   static constexpr int kTileBytes =
-      int(sizeof(Element)) * (2 * kStages * kBlockM * kHeadDim + 2 * kBlockN * kHeadDim + kBlockM * kBlockN);
+      int(sizeof(Element)) * (2 * kStages * kBlockM * kHeadDim + 2 * kBlockN * kHeadDim + kDsStages * kBlockM * kBlockN);
   static_assert(!kDqBulk || (kSplitHeadDim ? kBlockM * kHeadDim * int(sizeof(Element)) == kBlockM * kDqStageCols * 4
                                            : kTileBytes % 1024 == 0));
   static constexpr int kSmemBytes =
@@ -142,8 +150,10 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   // Split bulk dQ: the named barrier of each warpgroup's staged half (id kDqHalfStaged + warpgroup).
   constexpr int kDqHalfStaged = 1;
   // Split bulk dQ: the next tile's Q and dO are loaded once the last step's halves have been read from the buffers
-  // that load refills, after the step's softmax rather than under its first GEMMs.
-  constexpr bool kLateLoad = T::kDqBulk && T::kSplitHeadDim;
+  // that load refills, after the step's softmax rather than under its first GEMMs; decoupled: after the dS barrier.
+  constexpr bool kLateLoad = (T::kDqBulk && T::kSplitHeadDim) || T::kDecoupled;
+  // Bulk dQ: the threads that send staged dQ (thread 0; with a half per warpgroup, each warpgroup's first).
+  constexpr bool kDqHalves = T::kSplitHeadDim || T::kDecoupled;
   extern __shared__ __align__(1024) char smem_buf[];
   Element* smem_q = reinterpret_cast<Element*>(smem_buf);
   Element* smem_do = smem_q + T::kStages * kBlockM * kD;
@@ -151,7 +161,7 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   Element* smem_v = smem_k + kBlockN * kD;
   Element* smem_ds = smem_v + kBlockN * kD;
   // Bulk dQ only, 1024-byte aligned (split: the step's dO and Q buffers hold the warpgroups' halves instead).
-  float* smem_dq = reinterpret_cast<float*>(smem_ds + kBlockM * kBlockN);
+  float* smem_dq = reinterpret_cast<float*>(smem_ds + T::kDsStages * kBlockM * kBlockN);
   // Split only: P^T, a 1024-byte aligned operand.
   Element* smem_pt = reinterpret_cast<Element*>(smem_dq + (T::kDqBulk && !T::kSplitHeadDim ? kBlockM * kD : 0));
   float* smem_lse = reinterpret_cast<float*>(smem_pt + (T::kSplitHeadDim ? kBlockN * kBlockM : 0));  // per buffer
@@ -207,7 +217,6 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   Tensor sQt = make_tensor(make_smem_ptr(smem_q), typename T::SmemLayoutQt{});
   Tensor sdOt = make_tensor(make_smem_ptr(smem_do), typename T::SmemLayoutQt{});
   Tensor sKt = make_tensor(make_smem_ptr(smem_k), typename T::SmemLayoutKt{});
-  Tensor sdS = make_tensor(make_smem_ptr(smem_ds), typename T::SmemLayoutdS{});
 
   auto kv_tile = [&](auto* base, int64_t batch_stride, int64_t row_stride, int64_t head_stride) {
     return tile.kv<kBlockN, kD>(base, batch_stride, row_stride, head_stride, head_k);
@@ -238,7 +247,6 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   auto desc_dq = mma_dq.get_thread_slice(wg * 128);
   Tensor tSrK = desc_sdp.partition_fragment_A(sK);
   Tensor tSrV = desc_sdp.partition_fragment_A(sV);
-  Tensor tdQrdS = desc_dq.partition_fragment_A(sdS);
   Tensor tdQrKt = desc_dq.partition_fragment_B(sKt);
   Tensor acc_dk = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kD>>{});
   Tensor acc_dv = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kD>>{});
@@ -250,7 +258,6 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   // element, the stores went through generic 64-bit addresses with the swizzle computed on each.)
   auto ds_store = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_sdp);
   auto thr_ds_store = ds_store.get_thread_slice(T::kSplitHeadDim ? tidx % 128 : tidx);
-  Tensor tdSsdSt = thr_ds_store.partition_D(make_tensor(make_smem_ptr(smem_ds), typename T::SmemLayoutdSt{}));
   Tensor sPt = make_tensor(make_smem_ptr(smem_pt), typename T::SmemLayoutPt{});
   // Split: the inverse of ds_store, P^T from shared memory into the S^T accumulators' positions.
   auto pt_load = make_tiled_copy_C(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, mma_sdp);
@@ -261,24 +268,27 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   fence_smem_for_async_proxy();  // cp.async wrote them through the generic proxy; wgmma reads them
   __syncthreads();  // K and V visible, barriers initialised
 
-  // One thread: the columns [col0, col0 + kDqStageCols) of dq_accum row `row` onward, staged at `buf`, as one bulk
+  // One thread: the columns [col0, col0 + kSendCols) of dq_accum row `row` onward, staged at `buf`, as one bulk
   // group.
+  constexpr int kSendCols = kDqHalves ? kD / 2 : kD;
   auto send_dq = [&](const float* buf, int col0, int row) {
     CUTE_UNROLL
-    for (int c = 0; c < T::kDqStageCols / T::kDqBoxCols; ++c) {
+    for (int c = 0; c < kSendCols / T::kDqBoxCols; ++c) {
       tma_reduce_add_4d(sp.tma_dq, buf + c * kBlockM * T::kDqBoxCols, col0 + c * T::kDqBoxCols, row);
     }
     bulk_commit_group();
   };
   // Bulk dQ: the dq_accum row of the last step's tile (-1: none), whose reductions from the shared buffer are
   // issued under the next step's first GEMMs (or after the last step) rather than between the step's closing
-  // barrier and those GEMMs, where they would hold back thread 0's warpgroup.
+  // barrier and those GEMMs, where they would hold back the sender's warpgroup. Decoupled: each warpgroup's half.
   int dq_pending = -1;
   auto reduce_pending_dq = [&] {
-    if constexpr (T::kDqBulk && !T::kSplitHeadDim) {
+    if constexpr (T::kDecoupled) {
+      if (tidx % 128 == 0 && dq_pending >= 0) send_dq(smem_dq + wg * kBlockM * (kD / 2), wg * (kD / 2), dq_pending);
+    } else if constexpr (T::kDqBulk && !T::kSplitHeadDim) {
       if (tidx == 0 && dq_pending >= 0) send_dq(smem_dq, 0, dq_pending);
-      dq_pending = -1;
     }
+    dq_pending = -1;
   };
 
   // Steps count across heads: step t uses buffer t % kStages, whose barrier completes its (t / kStages)-th phase.
@@ -315,6 +325,9 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
       Tensor tSrdO = desc_sdp.partition_fragment_B(sdO(_, _, stage));
       Tensor tdVrdOt = desc_dkv.partition_fragment_B(sdOt(_, _, stage));
       Tensor tdKrQt = desc_dkv.partition_fragment_B(sQt(_, _, stage));
+      Element* ds_buf = smem_ds + (T::kDecoupled ? stage * kBlockM * kBlockN : 0);
+      Tensor tdQrdS = desc_dq.partition_fragment_A(make_tensor(make_smem_ptr(ds_buf), typename T::SmemLayoutdS{}));
+      Tensor tdSsdSt = thr_ds_store.partition_D(make_tensor(make_smem_ptr(ds_buf), typename T::SmemLayoutdSt{}));
 
       // P^T in place of S^T (a hidden (query, key) pair gives P = 0), and, with_dp, dS^T in place of dP^T.
       // Coordinates as offsets from the thread's first element fold into constants (attn_mask.cuh does the same):
@@ -437,12 +450,13 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
       }
       // The last step's dQ reductions have read their buffer before anyone rewrites it (below, after this barrier).
       if constexpr (T::kDqBulk && !T::kSplitHeadDim) {
-        if (tidx == 0) bulk_wait_read();
+        if (tidx % 128 == 0 && (T::kDecoupled || tidx == 0)) bulk_wait_read();
       }
       if constexpr (!T::kSplitHeadDim) __syncthreads();  // dS complete (split: since the barrier above)
 
       Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kD>>{});
       wgmma_issue<true>(mma_dq, tdQrdS, tdQrKt, acc_dq);
+      if constexpr (T::kDecoupled) load_next();  // the buffer's last readers, the step before's GEMMs, are done
       warpgroup_wait<0>();  // with the overlap, the dK/dV wgmmas too: they have read their registers and Q/dO
       if constexpr (!T::kSplitHeadDim && T::kOverlapDkvDq) {
         warpgroup_fence_operand(tdVrPt);
@@ -470,6 +484,11 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
         named_barrier_sync(kDqHalfStaged + wg, 128);
         if (tidx % 128 == 0) send_dq(buf, wg * T::kDqStageCols, int(acc0 + row0));
         continue;
+      } else if constexpr (T::kDecoupled) {  // each warpgroup's half, sent under its next step's first GEMMs
+        stage_dq(smem_dq);
+        named_barrier_sync(kDqHalfStaged + wg, 128);
+        dq_pending = int(acc0 + row0);
+        continue;
       } else if constexpr (T::kDqBulk) {
         stage_dq(smem_dq);
       } else {
@@ -486,7 +505,7 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
 
   // Epilogue: dK scaled, dK and dV staged through the K/V buffers and stored with 16-byte vectors.
   if constexpr (T::kDqBulk) {  // the dQ buffer stays allocated, and dq_accum complete, until the reductions are done
-    if (tidx == 0 || (T::kSplitHeadDim && tidx == 128)) bulk_wait_done();
+    if (tidx == 0 || (kDqHalves && tidx == 128)) bulk_wait_done();
   }
   __syncthreads();
   CUTE_UNROLL
