@@ -147,7 +147,7 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   BwdParams const& p = sp.base;
   using Element = typename T::Element;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kD = T::kHeadDim;
-  // Split bulk dQ: the named barrier of each warpgroup's staged half (id kDqHalfStaged + warpgroup).
+  // Split or decoupled bulk dQ: the named barrier of each warpgroup's staged half (id kDqHalfStaged + warpgroup).
   constexpr int kDqHalfStaged = 1;
   // Split bulk dQ: the next tile's Q and dO are loaded once the last step's halves have been read from the buffers
   // that load refills, after the step's softmax rather than under its first GEMMs; decoupled: after the dS barrier.
