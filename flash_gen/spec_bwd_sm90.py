@@ -84,8 +84,8 @@ def sm90_bwd_config_from_name(name: str) -> Sm90BwdConfig | None:
 def sm90_bwd_smem_bytes(key: BwdKey, cfg: Sm90BwdConfig) -> int:
     """Q, dO (two buffers each), K, V and dS tiles (2-byte elements), with bulk dQ the step's dQ in fp32 (32-column
     boxes, swizzled), when the head dim is split P^T (bulk dQ then stages each half of dQ in the step's Q and dO
-    buffers), decoupled a second dS tile, then per buffer the tile's lse and rowsum(dO*O) (4 floats more each: their bulk copies start at a
-    16-byte boundary) and mbarrier."""
+    buffers), decoupled a second dS tile, then per buffer the tile's lse and rowsum(dO*O) (4 floats more each: their
+    bulk copies start at a 16-byte boundary) and mbarrier."""
     d, tile = sm90_bwd_head_dim(key), cfg.block_m * cfg.block_n
     split = 2 * tile if split_head_dim(key) else 0
     dq = 4 * cfg.block_m * d if cfg.dq_bulk and not split else 0

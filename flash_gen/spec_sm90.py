@@ -214,8 +214,8 @@ def default_sm90_config(key: FwdKey) -> Sm90FwdConfig | None:
     the tiling of the next multiple of 64 (96: 128's).
     Packed (varlen) batches and split-KV and KV caches take the same tiling with one CTA per tile (KV caches with
     key steps that divide 128), except packed batches at head dim 128 without softcap or ALiBi, none or
-    causal: 192 x 80 tiles in three stages, +7% / +4-5% forward over 128 x 128 (H200, 2026-12-03 18:10 UTC,
-    docs/benchmarks.md "Current: bulk dQ for packed batches")."""
+    causal: 192 x 80 tiles in three stages, forward 1.05x / 1.04x the 128 x 128 tiling (H200, 2026-12-03 20:50 UTC,
+    docs/benchmarks.md "Current: 192 x 80 tiles for the packed forward")."""
     head_dim = sm90_head_dim(key)
     if head_dim <= 64:
         cfg = Sm90FwdConfig(128, 2, pingpong=True, block_m=192)

@@ -264,8 +264,9 @@ def test_hopper_backward_bulk_dq(tmp_path, monkeypatch):
     hd128 = BwdKey("sm90", "bf16", 128, "causal")
     assert sm90_bwd_infeasible_reason(hd128, decoupled) is None
     assert sm90_bwd_smem_bytes(hd128, decoupled) == sm90_bwd_smem_bytes(hd128, cfg) + 2 * 64 * 128
-    for k, c in ((hd128, Sm90BwdConfig(64, 128, decoupled=True)), (BwdKey("sm90", "bf16", 256, "none"),
-                                                                    Sm90BwdConfig(64, 64, dq_bulk=True, decoupled=True))):
+    hd256 = BwdKey("sm90", "bf16", 256, "none")
+    no_bulk, on_split = Sm90BwdConfig(64, 128, decoupled=True), Sm90BwdConfig(64, 64, dq_bulk=True, decoupled=True)
+    for k, c in ((hd128, no_bulk), (hd256, on_split)):
         assert "decoupled" in sm90_bwd_infeasible_reason(k, c)
     (c,) = batches.compile_batch([(key, cfg)])
     assert c.error is None, c.error

@@ -125,8 +125,8 @@ struct Sm90BwdTraits {
   // Split: P^T, the operand of dV (and where warpgroup 1 reads P^T back for dS^T).
   static constexpr int kSplitBytes = kSplitHeadDim ? kBlockN * kBlockM * int(sizeof(Element)) : 0;
   // Q, dO, K, V and dS; the bulk dQ buffer follows, at the 1024-byte alignment its 128-byte swizzle assumes.
-  static constexpr int kTileBytes =
-      int(sizeof(Element)) * (2 * kStages * kBlockM * kHeadDim + 2 * kBlockN * kHeadDim + kDsStages * kBlockM * kBlockN);
+  static constexpr int kTileBytes = int(sizeof(Element)) *
+      (2 * kStages * kBlockM * kHeadDim + 2 * kBlockN * kHeadDim + kDsStages * kBlockM * kBlockN);
   static_assert(!kDqBulk || (kSplitHeadDim ? kBlockM * kHeadDim * int(sizeof(Element)) == kBlockM * kDqStageCols * 4
                                            : kTileBytes % 1024 == 0));
   static constexpr int kSmemBytes =
