@@ -18,10 +18,11 @@ BwdTiling = Union[BwdConfig, Sm90BwdConfig]
 def default_configs(key: BwdKey) -> tuple[BwdTiling, ...]:
     """`key`'s chain of default tilings, fastest first: the Hopper kernel where it supports `key` (1.2x the
     portable kernel's fwd+bwd at head dim 128 on the H200, docs/benchmarks.md), then without its dK/dV overlap,
-    then (after 128-query steps) both with 64-query steps, then the portable kernel's (spec_bwd.bwd_fallbacks).
+    then (after 128- or 80-query steps) the 64-query tiling and its own fallback, then the portable kernel's
+    (spec_bwd.bwd_fallbacks).
     The runtime takes the first that compiles without spills (flash_gen.build.spill_free)."""
     hopper = spec_bwd_sm90.default_sm90_bwd_config(key)
-    tiles = [hopper] if hopper.block_m == 64 else [hopper, dataclasses.replace(hopper, block_m=64)]
+    tiles = [hopper] if hopper.block_m == 64 else [hopper, spec_bwd_sm90.default_sm90_bwd_config(key, False)]
     chain = [c for t in tiles for c in ([t, dataclasses.replace(t, overlap=False)] if t.overlap else [t])]
     chain = [c for c in chain if spec_bwd_sm90.sm90_bwd_infeasible_reason(key, c) is None]
     return (*chain, *spec_bwd.bwd_fallbacks(key))

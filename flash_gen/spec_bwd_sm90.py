@@ -9,14 +9,16 @@ from dataclasses import dataclass
 
 from flash_gen.spec import MAX_SMEM_PER_BLOCK
 from flash_gen.spec_bwd import BwdKey
+from flash_gen.spec_sm90 import WGMMA_BASIC_N
 
 
 @dataclass(frozen=True)
 class Sm90BwdConfig:
     """block_m queries per step x block_n keys per CTA (two warpgroups of 64 keys, or 64 keys shared when the head
     dim is split), two Q/dO buffers; the template takes any block_m, the feasibility rule admits 64 x 128 (and
-    128 x 128 at head dims up to 64) and 64 x 64 at head dim 256. `overlap`: the dK/dV wgmmas run on through the
-    dS barrier and the dQ GEMM instead of being waited for first (name suffix "o"). `dq_bulk`: each step's dQ goes
+    128 x 128 at head dims up to 64, 80 x 128 at 72-128 with dQ computed transposed) and 64 x 64 at head dim
+    256. `overlap`: the dK/dV wgmmas run on through the dS barrier and the dQ GEMM instead of being waited for
+    first (name suffix "o"). `dq_bulk`: each step's dQ goes
     through shared memory and leaves as TMA tensor reductions (`cp.reduce.async.bulk.tensor`, one per 32-column
     box, issued by thread 0, or per head dim half by each warpgroup's first thread when the head dim is split)
     instead of each thread's `red.global.add` of its accumulators (suffix "b"). `decoupled` (bulk dQ, head dims up to
@@ -40,9 +42,10 @@ class Sm90BwdConfig:
 
 
 # The tuner's axes where this kernel is the default (flash_gen.search.space), pruned by sm90_bwd_infeasible_reason
-# (block_n is fixed per head dim, block_m 128 only at head dim 64); stages and a producer scheme would join here.
-SM90_BWD_CONFIG_SPACE = {"block_m": (64, 128), "block_n": (64, 128), "overlap": (False, True), "dq_bulk": (False, True),
-                         "decoupled": (False, True)}
+# (block_n is fixed per head dim, block_m 128 only at head dim 64, 80 only at 128); stages and a producer scheme
+# would join here.
+SM90_BWD_CONFIG_SPACE = {"block_m": (64, 80, 128), "block_n": (64, 128), "overlap": (False, True),
+                         "dq_bulk": (False, True), "decoupled": (False, True)}
 
 
 def sm90_bwd_head_dim(key: BwdKey) -> int:
@@ -57,7 +60,7 @@ def split_head_dim(key: BwdKey) -> bool:
     return key.head_dim > 128
 
 
-def default_sm90_bwd_config(key: BwdKey) -> Sm90BwdConfig:
+def default_sm90_bwd_config(key: BwdKey, wide_steps: bool = True) -> Sm90BwdConfig:
     """The tiling the kernel takes for `key`'s head dim, overlapping the dK/dV wgmmas where that measured ahead:
     fwd+bwd +1.5-3% at head dim 64 on the H200, at 128 +2% without a mask but -1% causal. Dense unmasked or causal
     batches take bulk dQ with the overlap: at head dim 128 +1-3% over either alone (2k-8k, docs/hopper_backward.md);
@@ -67,18 +70,31 @@ def default_sm90_bwd_config(key: BwdKey) -> Sm90BwdConfig:
     day, then through other buffers). Packed batches and windows take them too: fwd+bwd +9-17% on a ragged batch
     (benchmarks/bench_varlen.py, head dims 64-256) and +7-15% under windows (1024/0 causal at 8k, 512/512 at 4k)
     against the tilings they had (2026-12-03, docs/hopper_backward.md). Deterministic dQ cannot take bulk dQ, so
-    the overlap's last condition decides deterministic keys only."""
+    the overlap's last condition decides deterministic keys only. Dense unmasked batches at head dims 72-128 take
+    80-query steps (dQ transposed) with bulk dQ and without the overlap, which spills 48 B there: fwd+bwd +2-3.5%
+    at head dim 128 (2k-8k, 2026-12-03, docs/hopper_backward.md); under a mask, ALiBi or in a packed batch they
+    spill 8-40 B. `wide_steps` False: the 64-query tiling those wider steps fall back to."""
     d = sm90_bwd_head_dim(key)
     bulk = not key.deterministic
     overlap = d <= 64 or bulk or (key.mask == "none" and not key.varlen)
-    block_m = 128 if d == 64 and bulk and not key.alibi else 64  # with ALiBi, 128-query steps spill 28-80 B
-    return Sm90BwdConfig(block_m, 64 if split_head_dim(key) else 128, overlap, bulk)
+    if wide_steps and bulk and not key.alibi:  # with ALiBi, 128-query steps spill 28-80 B
+        if d == 64:
+            return Sm90BwdConfig(128, 128, overlap, bulk)
+        if d == 128 and key.mask == "none" and not key.varlen:
+            return Sm90BwdConfig(80, 128, False, bulk)
+    return Sm90BwdConfig(64, 64 if split_head_dim(key) else 128, overlap, bulk)
 
 
 def sm90_bwd_config_from_name(name: str) -> Sm90BwdConfig | None:
     """Inverse of Sm90BwdConfig.name, or None for a name of another kernel family."""
     m = re.fullmatch(r"wgbm(\d+)n(\d+)(o?)(b?)(d?)", name)
     return Sm90BwdConfig(int(m[1]), int(m[2]), bool(m[3]), bool(m[4]), bool(m[5])) if m else None
+
+
+def sm90_bwd_needs_extended_wgmma(cfg: Sm90BwdConfig) -> bool:
+    """Whether the query step (the N of S^T, dP^T and dQ^T) needs CuTe's extended wgmma shapes to stay one
+    instruction per k-step (80 would otherwise split into five N = 16 ones)."""
+    return cfg.block_m not in WGMMA_BASIC_N
 
 
 def sm90_bwd_smem_bytes(key: BwdKey, cfg: Sm90BwdConfig) -> int:
@@ -102,10 +118,14 @@ def sm90_bwd_infeasible_reason(key: BwdKey, cfg: Sm90BwdConfig) -> str | None:
         return "not supported yet: softcap"
     if cfg.block_n != (64 if split_head_dim(key) else 128):
         return "block_n: 64 when the warpgroups split the head dim (256), else 128"
-    if cfg.block_m != 64 and not (cfg.block_m == 128 and sm90_bwd_head_dim(key) == 64):
+    d = sm90_bwd_head_dim(key)
+    if cfg.block_m not in (64, 80, 128) or (cfg.block_m == 128 and d != 64) or (cfg.block_m == 80 and d != 128):
         # 128-query steps need 64 more accumulator registers per thread: spill-free at head dim 64 only (246-248
-        # registers, NVRTC 13.0, 2026-12-03; 388 B of spills before the register work of 2026-11-30..12-02)
-        return "block_m: 64, or 128 at head dims up to 64"
+        # registers, NVRTC 13.0, 2026-12-03; 388 B of spills before the register work of 2026-11-30..12-02). 80
+        # (no wgmma M) computes dQ transposed, the warpgroups splitting head dim 128 as its M.
+        return "block_m: 64, 128 at head dims up to 64, or 80 at head dims 72-128"
+    if cfg.block_m == 80 and not cfg.dq_bulk:
+        return "block_m 80: with bulk dQ (the transposed dQ leaves through shared memory)"
     if key.head_dim % 8 or not (key.head_dim <= 128 or key.head_dim == 256):
         # 136-248 would compute as 256 (192 splits into 96-column halves: no 128-byte swizzled operand)
         return f"head_dim {key.head_dim}: a multiple of 8 up to 128, or 256"

@@ -94,6 +94,11 @@ TILINGS = [
     ("fp16", 128, "causal", "wgbm64n128obd"),
     ("bf16", 96, "win64_64", "wgbm64n128bd"),
     ("fp16", 64, "causal", "wgbm128n128obd"),
+    # 80-query steps, dQ computed transposed (head dims 72-128)
+    ("bf16", 128, "none", "wgbm80n128b"),
+    ("fp16", 128, "causal", "wgbm80n128b"),
+    ("bf16", 96, "win64_64", "wgbm80n128bd"),
+    ("fp16", 80, "none", "wgbm80n128bd"),
 ]
 
 

@@ -34,6 +34,7 @@ def test_space_is_the_templates_declaration():
     assert {(c.overlap, c.dq_bulk, c.decoupled) for c in space.feasible_configs(hopper_bwd)} == {  # its knobs so far
         (False, False, False), (False, True, False), (True, False, False), (True, True, False), (False, True, True),
         (True, True, True)}
+    assert {c.block_m for c in space.feasible_configs(hopper_bwd)} == {64, 80}  # 80: dQ transposed
     assert space.default_config(hopper_bwd) in space.feasible_configs(hopper_bwd)
     for fam in (fwd, portable, bwd, space.Family("decode", "sm90", "bf16", 128, "none")):
         configs = list(space.feasible_configs(fam))

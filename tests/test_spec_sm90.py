@@ -209,20 +209,25 @@ def test_hopper_backward_is_the_sm90_default_where_it_fits():
                 BwdKey("sm90", "bf16", 64, "none", softcap=True),
                 BwdKey("sm90", "bf16", 128, "causal", softcap=True, alibi=True)]
     assert all(bwd_tilings.default_config(k) == default_sm90_bwd_config(k) for k in hopper)
-    assert {default_sm90_bwd_config(k).name for k in hopper} == {"wgbm64n128", "wgbm64n128o", "wgbm64n128ob",
-                                                                   "wgbm128n128ob", "wgbm64n64o", "wgbm64n64ob"}
+    assert {default_sm90_bwd_config(k).name for k in hopper} == {
+        "wgbm64n128", "wgbm64n128o", "wgbm64n128ob", "wgbm128n128ob", "wgbm80n128b", "wgbm64n64o", "wgbm64n64ob"}
     # bulk dQ with the overlap at every head dim and mask, dense or packed, unless deterministic; with 128-query
-    # steps at head dims up to 64 without ALiBi, whose chain then falls back to 64-query steps before the portable
-    # kernel
+    # steps at head dims up to 64 without ALiBi, and 80-query steps without the overlap on dense unmasked batches
+    # at 72-128 without ALiBi, whose chains then fall back to 64-query steps before the portable kernel
     bulk = [k for k in hopper if not k.deterministic]
+    wide = [k for k in bulk if not k.alibi and (k.head_dim <= 64 or (k.head_dim <= 128 and k.mask == "none"
+                                                                     and not k.varlen))]
     assert all(default_sm90_bwd_config(k).dq_bulk == (k in bulk) for k in hopper)
-    assert all(default_sm90_bwd_config(k).block_m == (128 if k in bulk and k.head_dim <= 64 and not k.alibi else 64)
+    assert all(default_sm90_bwd_config(k).block_m == ((128 if k.head_dim <= 64 else 80) if k in wide else 64)
                for k in hopper)
     chain = [c.name for c in bwd_tilings.default_configs(BwdKey("sm90", "bf16", 64, "causal"))]
     assert chain[:4] == ["wgbm128n128ob", "wgbm128n128b", "wgbm64n128ob", "wgbm64n128b"]
-    # the dK/dV overlap where it measured ahead: head dim 64 (computed), unmasked dense batches, and with bulk dQ
-    assert all(default_sm90_bwd_config(k).overlap == (k.head_dim <= 64 or (k.mask == "none" and not k.varlen)
-                                                      or k in bulk) for k in hopper)
+    chain = [c.name for c in bwd_tilings.default_configs(BwdKey("sm90", "bf16", 96, "none"))]
+    assert chain[:3] == ["wgbm80n128b", "wgbm64n128ob", "wgbm64n128b"]
+    # the dK/dV overlap where it measured ahead: head dim 64 (computed), unmasked dense batches, and with bulk dQ;
+    # not with 80-query steps (48 B of spills)
+    assert all(default_sm90_bwd_config(k).overlap == (default_sm90_bwd_config(k).block_m != 80 and (
+        k.head_dim <= 64 or (k.mask == "none" and not k.varlen) or k in bulk)) for k in hopper)
     assert all(bwd_tilings.default_config(k) == spec_bwd.default_bwd_config(k) for k in portable)
 
 
@@ -268,8 +273,20 @@ def test_hopper_backward_bulk_dq(tmp_path, monkeypatch):
     no_bulk, on_split = Sm90BwdConfig(64, 128, decoupled=True), Sm90BwdConfig(64, 64, dq_bulk=True, decoupled=True)
     for k, c in ((hd128, no_bulk), (hd256, on_split)):
         assert "decoupled" in sm90_bwd_infeasible_reason(k, c)
+    # 80-query steps: head dims 72-128 with bulk dQ (dQ^T staged transposed)
+    steps80 = Sm90BwdConfig(80, 128, dq_bulk=True)
+    assert sm90_bwd_config_from_name("wgbm80n128b") == steps80
+    assert sm90_bwd_infeasible_reason(BwdKey("sm90", "bf16", 72, "none"), steps80) is None
+    for k, c in ((hd128, Sm90BwdConfig(80, 128)), (key, steps80), (hd256, Sm90BwdConfig(80, 64, dq_bulk=True))):
+        assert "block_m" in sm90_bwd_infeasible_reason(k, c)
     (c,) = batches.compile_batch([(key, cfg)])
     assert c.error is None, c.error
     assert c.ok, f"{c.entry}: spills or serialised wgmmas"
     assert "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group" in c.result.ptx
     assert "red.global.add" not in c.result.ptx
+    # 80-query steps: one N = 80 wgmma per k-step for S^T, dP^T and dQ^T (CuTe's extended shapes), no spills
+    (c,) = batches.compile_batch([(BwdKey("sm90", "bf16", 128, "none"), steps80)])
+    assert c.error is None, c.error
+    assert c.ok, f"{c.entry}: spills or serialised wgmmas"
+    assert "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16" in c.result.ptx
+    assert "m64n16k16" not in c.result.ptx

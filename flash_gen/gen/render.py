@@ -14,7 +14,13 @@ import jinja2
 
 from flash_gen.spec import FwdConfig, FwdKey, infeasible_reason, smem_bytes
 from flash_gen.spec_bwd import BwdConfig, BwdKey, bwd_head_dim_mma, bwd_infeasible_reason, bwd_smem_bytes
-from flash_gen.spec_bwd_sm90 import Sm90BwdConfig, sm90_bwd_head_dim, sm90_bwd_infeasible_reason, sm90_bwd_smem_bytes
+from flash_gen.spec_bwd_sm90 import (
+    Sm90BwdConfig,
+    sm90_bwd_head_dim,
+    sm90_bwd_infeasible_reason,
+    sm90_bwd_needs_extended_wgmma,
+    sm90_bwd_smem_bytes,
+)
 from flash_gen.spec_sm90 import (
     Sm90FwdConfig,
     needs_extended_wgmma,
@@ -94,7 +100,8 @@ def render_bwd_sm90_many(variants: Sequence[tuple[BwdKey, Sm90BwdConfig]]) -> st
     """One translation unit holding the Hopper backward kernel of every (key, config) in `variants`."""
     items = _items(variants, sm90_bwd_infeasible_reason,
                    lambda key, cfg: {"smem_bytes": sm90_bwd_smem_bytes(key, cfg), "head_dim": sm90_bwd_head_dim(key)})
-    return _env().get_template("bwd_sm90.cu.j2").render(variants=items)
+    extended = any(sm90_bwd_needs_extended_wgmma(cfg) for _, cfg in variants)
+    return _env().get_template("bwd_sm90.cu.j2").render(variants=items, extended_wgmma=extended)
 
 
 def _items(variants: Sequence[tuple], infeasible: Callable, extra: Callable) -> list[dict]:

@@ -161,7 +161,7 @@ def _shape(var: _Variant, tensors: tuple[tuple[str, torch.Tensor], ...], lse: to
                  (varlen_tiles(seqlen_k, batch, var.cfg.block_n), nheads_k, 1),
                  (varlen_tiles(seqlen_q, batch, _AUX_ROWS), nheads, 1)]
     else:
-        grids = [(head_rows // _AUX_ROWS, nheads, batch),
+        grids = [(-(-head_rows // _AUX_ROWS), nheads, batch),  # block_m 80: not whole _AUX_ROWS blocks
                  (-(-seqlen_k // var.cfg.block_n), nheads_k, batch),
                  (-(-seqlen_q // _AUX_ROWS), nheads, batch)]
     return _Shape(p, grids, -(-rows // 64) * 64, rows)

@@ -64,6 +64,13 @@ struct Sm90BwdTraits {
   static constexpr bool kDecoupled = kDecoupled_;
   static_assert(!kDecoupled || (kDqBulk && !kSplitHeadDim));
   static constexpr int kDsStages = kDecoupled ? 2 : 1;
+  // Query steps that are no wgmma M (80, FlashAttention-3's head dim 128 tiling: S^T and dP^T 64 x 80 per
+  // warpgroup read K and V a fifth less often per FLOP than 64-query steps, in the registers 128-query steps lack):
+  // dQ is computed transposed, dQ^T = K^T dS^T, the warpgroups splitting the head dim as its M, and dS is stored
+  // key-major (the K-major B operand) by transposing stmatrix; the accumulators go to the staging buffer one float at
+  // a time (its swizzle keeps a warp's stores on distinct banks).
+  static constexpr bool kDqTransposed = kBlockM_ % 64 != 0;
+  static_assert(!kDqTransposed || (kHeadDim_ == 128 && kDqBulk && kBlockM_ % 16 == 0));
   static constexpr int kDqBoxCols = 32;  // fp32 columns of a 128-byte swizzle row
   static constexpr int kDqStageCols = kSplitHeadDim ? kHeadDim / 2 : kHeadDim;  // columns staged at once
   using SmemLayoutdQ = decltype(tile_to_shape(
@@ -74,6 +81,12 @@ struct Sm90BwdTraits {
   using SmemLayoutdQTile = decltype(composition(
       SmemLayoutdQ{}, Layout<Shape<Int<kBlockM>, Shape<Int<kDqStageCols>, Int<kHeadDim / kDqStageCols>>>,
                              Stride<_1, Stride<Int<kBlockM>, _0>>>{}));
+  // What the dQ accumulators partition: that tile, or (transposed dQ) the same bytes as (head dim, queries).
+  using SmemLayoutdQAcc = cute::conditional_t<
+      kDqTransposed,
+      decltype(composition(SmemLayoutdQTile{},
+                           make_layout(Shape<Int<kHeadDim>, Int<kBlockM>>{}, Stride<Int<kBlockM>, _1>{}))),
+      SmemLayoutdQTile>;
   static_assert(kHeadDim % 64 == 0 && kHeadDim <= 256 && kHeadDimIO <= kHeadDim && kHeadDimIO % 8 == 0);
 
   using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;
@@ -85,16 +98,22 @@ struct Sm90BwdTraits {
       SmemLayoutQ{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockM>, Int<kStages>>{}, Step<_2, _1, _3>{})));
   using SmemLayoutKt = decltype(composition(
       SmemLayoutK{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, Step<_2, _1>{})));
-  // dS (queries, keys), query-major: the MN-major A operand of dQ = dS K.
-  using SmemLayoutdS =
-      decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{}, Shape<Int<kBlockM>, Int<kBlockN>>{}));
+  // dS (queries, keys), query-major: the MN-major A operand of dQ = dS K (transposed dQ: key-major, the K-major B
+  // operand of dQ^T = K^T dS^T).
+  using SmemLayoutdS = decltype(tile_to_shape(
+      cute::conditional_t<kDqTransposed, GMMA::Layout_K_SW128_Atom<Element>, GMMA::Layout_MN_SW128_Atom<Element>>{},
+      Shape<Int<kBlockM>, Int<kBlockN>>{}));
+  // dS^T stores from the S^T accumulators: 8 keys of a query adjacent in the key-major tile need the transposing
+  // stmatrix, 8 queries of a key in the query-major one the plain one.
+  using DsStoreAtom = cute::conditional_t<kDqTransposed, SM90_U16x8_STSM_T, SM90_U32x4_STSM_N>;
   // The same bytes as (keys, queries): where the S^T accumulators' dS^T values land.
   using SmemLayoutdSt = decltype(composition(
       SmemLayoutdS{}, make_layout(Shape<Int<kBlockN>, Int<kBlockM>>{}, Stride<Int<kBlockM>, _1>{})));
 
-  // Split: P^T and dS^T (keys, queries) as K-major A operands of dV and dK; the same bytes as SmemLayoutdS.
-  using SmemLayoutPt =
-      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<Int<kBlockN>, Int<kBlockM>>{}));
+  // Split: P^T and dS^T (keys, queries) as K-major A operands of dV and dK; the same bytes as SmemLayoutdS. (Unused
+  // otherwise, where 80 queries would be no whole number of swizzle rows.)
+  using SmemLayoutPt = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
+                                              Shape<Int<kBlockN>, Int<kSplitHeadDim ? kBlockM : 64>>{}));
 
   // S^T and dP^T: each warpgroup 64 keys of its own (or, split, one warpgroup per GEMM over all 64 keys).
   using MmaSdP = decltype(make_tiled_mma(
@@ -108,11 +127,18 @@ struct Sm90BwdTraits {
       decltype(make_tiled_mma(GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockM>>,
                                                    GMMA::Major::K, GMMA::Major::MN>(),
                               Layout<Shape<_2, _1, _1>>{}))>;
-  // dQ: the tile's 64 queries x head dim, the warpgroups splitting the head dim.
-  using MmadQ = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim / 2>, Int<kBlockN>>, GMMA::Major::MN,
-                           GMMA::Major::MN>(),
-      Layout<Shape<_1, _2, _1>>{}));
+  // dQ: the tile's 64 queries x head dim, the warpgroups splitting the head dim (transposed: head dim x queries, the
+  // warpgroups splitting the head dim as M). DqTile: the accumulator's (rows, cols).
+  using MmadQ = cute::conditional_t<
+      kDqTransposed,
+      decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM>, Int<kBlockN>>,
+                                                   GMMA::Major::MN, GMMA::Major::K>(),
+                              Layout<Shape<_2, _1, _1>>{})),
+      decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim / 2>, Int<kBlockN>>,
+                                                   GMMA::Major::MN, GMMA::Major::MN>(),
+                              Layout<Shape<_1, _2, _1>>{}))>;
+  using DqTile =
+      cute::conditional_t<kDqTransposed, Shape<Int<kHeadDim>, Int<kBlockM>>, Shape<Int<kBlockM>, Int<kHeadDim>>>;
 
   using GmemLoad = typename GmemCopy<Element, kNThreads, kHeadDim>::Load;
   using GmemStore = typename GmemCopy<Element, kNThreads, kHeadDim>::Store;
@@ -247,22 +273,21 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   auto desc_dq = mma_dq.get_thread_slice(wg * 128);
   Tensor tSrK = desc_sdp.partition_fragment_A(sK);
   Tensor tSrV = desc_sdp.partition_fragment_A(sV);
-  Tensor tdQrKt = desc_dq.partition_fragment_B(sKt);
+  auto tdQrKt = [&] {  // K^T: the B operand of dQ, or A of dQ^T
+    if constexpr (T::kDqTransposed) return desc_dq.partition_fragment_A(sKt);
+    else return desc_dq.partition_fragment_B(sKt);
+  }();
   Tensor acc_dk = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kD>>{});
   Tensor acc_dv = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kD>>{});
   clear(acc_dk);
   clear(acc_dv);
   // Each S^T element's (key, query) within the tile.
   Tensor cS = thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
-  // dS^T into the query-major dS tile by stmatrix: each 8 x 8 block's key rows are 16 contiguous bytes there. (Per
-  // element, the stores went through generic 64-bit addresses with the swizzle computed on each.)
-  auto ds_store = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_sdp);
+  // dS^T into the dS tile by stmatrix: each 8 x 8 block's key rows (query-major) or query columns (key-major) are 16
+  // contiguous bytes there. (Per element, the stores went through generic 64-bit addresses with the swizzle computed
+  // on each.)
+  auto ds_store = make_tiled_copy_C(Copy_Atom<typename T::DsStoreAtom, Element>{}, mma_sdp);
   auto thr_ds_store = ds_store.get_thread_slice(T::kSplitHeadDim ? tidx % 128 : tidx);
-  Tensor sPt = make_tensor(make_smem_ptr(smem_pt), typename T::SmemLayoutPt{});
-  // Split: the inverse of ds_store, P^T from shared memory into the S^T accumulators' positions.
-  auto pt_load = make_tiled_copy_C(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, mma_sdp);
-  auto thr_pt_load = pt_load.get_thread_slice(tidx % 128);
-  Tensor sdSt = make_tensor(make_smem_ptr(smem_ds), typename T::SmemLayoutPt{});
 
   cp_async_wait<0>();  // K and V
   fence_smem_for_async_proxy();  // cp.async wrote them through the generic proxy; wgmma reads them
@@ -326,7 +351,7 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
       Tensor tdVrdOt = desc_dkv.partition_fragment_B(sdOt(_, _, stage));
       Tensor tdKrQt = desc_dkv.partition_fragment_B(sQt(_, _, stage));
       Element* ds_buf = smem_ds + (T::kDecoupled ? stage * kBlockM * kBlockN : 0);
-      Tensor tdQrdS = desc_dq.partition_fragment_A(make_tensor(make_smem_ptr(ds_buf), typename T::SmemLayoutdS{}));
+      Tensor sdS = make_tensor(make_smem_ptr(ds_buf), typename T::SmemLayoutdS{});
       Tensor tdSsdSt = thr_ds_store.partition_D(make_tensor(make_smem_ptr(ds_buf), typename T::SmemLayoutdSt{}));
 
       // P^T in place of S^T (a hidden (query, key) pair gives P = 0), and, with_dp, dS^T in place of dP^T.
@@ -376,6 +401,11 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
       Tensor tdVrPt = make_tensor(pt_frag.data(), gmma_acc_as_a(pt_frag.layout()));
       Tensor tdKrdSt = make_tensor(dst_frag.data(), gmma_acc_as_a(dst_frag.layout()));
       if constexpr (T::kSplitHeadDim) {
+        Tensor sPt = make_tensor(make_smem_ptr(smem_pt), typename T::SmemLayoutPt{});
+        Tensor sdSt = make_tensor(make_smem_ptr(smem_ds), typename T::SmemLayoutPt{});
+        // The inverse of ds_store, P^T from shared memory into the S^T accumulators' positions.
+        auto pt_load = make_tiled_copy_C(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, mma_sdp);
+        auto thr_pt_load = pt_load.get_thread_slice(tidx % 128);
         Tensor acc = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
         if (wg == 0) {
           wgmma_issue<true>(mma_sdp, tSrK, tSrQ, acc);
@@ -454,8 +484,12 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
       }
       if constexpr (!T::kSplitHeadDim) __syncthreads();  // dS complete (split: since the barrier above)
 
-      Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kD>>{});
-      wgmma_issue<true>(mma_dq, tdQrdS, tdQrKt, acc_dq);
+      Tensor acc_dq = partition_fragment_C(mma_dq, typename T::DqTile{});
+      if constexpr (T::kDqTransposed) {
+        wgmma_issue<true>(mma_dq, tdQrKt, desc_dq.partition_fragment_B(sdS), acc_dq);
+      } else {
+        wgmma_issue<true>(mma_dq, desc_dq.partition_fragment_A(sdS), tdQrKt, acc_dq);
+      }
       if constexpr (T::kDecoupled) load_next();  // the buffer's last readers, the step before's GEMMs, are done
       warpgroup_wait<0>();  // with the overlap, the dK/dV wgmmas too: they have read their registers and Q/dO
       if constexpr (!T::kSplitHeadDim && T::kOverlapDkvDq) {
@@ -467,10 +501,14 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
       warpgroup_fence_operand(acc_dq);
       // dQ into the staging buffer (the generic-proxy stores fenced before the TMA reductions read them).
       auto stage_dq = [&](float* buf) {
-        Tensor tdQsdQ = thr_dq.partition_C(make_tensor(make_smem_ptr(buf), typename T::SmemLayoutdQTile{}));
-        CUTE_UNROLL
-        for (int i = 0; i < size(acc_dq); i += 2) {  // elements 2i, 2i+1: adjacent columns of one row
-          *reinterpret_cast<float2*>(&tdQsdQ(i)) = make_float2(acc_dq(i), acc_dq(i + 1));
+        Tensor tdQsdQ = thr_dq.partition_C(make_tensor(make_smem_ptr(buf), typename T::SmemLayoutdQAcc{}));
+        if constexpr (T::kDqTransposed) {  // an accumulator's adjacent columns are adjacent rows of the tile
+          copy(acc_dq, tdQsdQ);
+        } else {
+          CUTE_UNROLL
+          for (int i = 0; i < size(acc_dq); i += 2) {  // elements 2i, 2i+1: adjacent columns of one row
+            *reinterpret_cast<float2*>(&tdQsdQ(i)) = make_float2(acc_dq(i), acc_dq(i + 1));
+          }
         }
         fence_smem_for_async_proxy();
       };
