@@ -71,9 +71,10 @@ def default_sm90_bwd_config(key: BwdKey, wide_steps: bool = True) -> Sm90BwdConf
     (benchmarks/bench_varlen.py, head dims 64-256) and +7-15% under windows (1024/0 causal at 8k, 512/512 at 4k)
     against the tilings they had (2026-12-03, docs/hopper_backward.md). Deterministic dQ cannot take bulk dQ, so
     the overlap's last condition decides deterministic keys only. Dense unmasked batches at head dims 72-128 take
-    80-query steps (dQ transposed) with bulk dQ and without the overlap, which spills 48 B there: fwd+bwd +2-3.5%
-    at head dim 128 (2k-8k, 2026-12-03, docs/hopper_backward.md); under a mask, ALiBi or in a packed batch they
-    spill 8-40 B. `wide_steps` False: the 64-query tiling those wider steps fall back to."""
+    80-query steps (dQ transposed) with bulk dQ and without the overlap, which spills 32 B there: fwd+bwd
+    +0.3-3.9% at head dims 96 and 128 (2k-8k, 2026-12-03, docs/hopper_backward.md). Masks keep 64-query steps:
+    causal at head dim 128 -1..-3% at 2k, +0..2% at 4k-8k, windows -0.5..-1%; with ALiBi or in a packed batch the
+    80-query steps spill 4-44 B. `wide_steps` False: the 64-query tiling those wider steps fall back to."""
     d = sm90_bwd_head_dim(key)
     bulk = not key.deterministic
     overlap = d <= 64 or bulk or (key.mask == "none" and not key.varlen)

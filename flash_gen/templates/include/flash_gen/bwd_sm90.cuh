@@ -553,18 +553,24 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   convert_pairs(acc_dk, dk_out);
   convert_pairs(acc_dv, dv_out);
   const int tidx_epi = opaque_thread_idx();
+  // The K/V buffers through a second name for the dynamic shared memory, for the same reason: the prologue's 64-bit
+  // generic base would otherwise stay live across the main loop (spilled where registers are tight).
+  extern __shared__ __align__(1024) char smem_epi[];
+  Element* epi_k = reinterpret_cast<Element*>(smem_epi) + (smem_k - smem_q);  // a constant offset
+  Tensor sK_epi = make_tensor(make_smem_ptr(epi_k), typename T::SmemLayoutK{});
+  Tensor sV_epi = make_tensor(make_smem_ptr(epi_k + kBlockN * kD), typename T::SmemLayoutK{});
   auto thr_dkv_epi = mma_dkv.get_thread_slice(tidx_epi);
-  copy(dk_out, thr_dkv_epi.partition_C(sK));
-  copy(dv_out, thr_dkv_epi.partition_C(sV));
+  copy(dk_out, thr_dkv_epi.partition_C(sK_epi));
+  copy(dv_out, thr_dkv_epi.partition_C(sV_epi));
   __syncthreads();
   typename T::GmemStore store;
   auto store_thr = store.get_thread_slice(tidx_epi);
   Tensor tKVcKV_st = store_thr.partition_D(cKV);
-  copy_predicated(store, store_thr.partition_S(sK),
+  copy_predicated(store, store_thr.partition_S(sK_epi),
                   store_thr.partition_D(kv_tile(static_cast<Element*>(p.dk), p.dk_batch_stride, p.dk_row_stride,
                                                 p.dk_head_stride)),
                   tKVcKV_st, seqlen_k - col0, T::kHeadDimIO);
-  copy_predicated(store, store_thr.partition_S(sV),
+  copy_predicated(store, store_thr.partition_S(sV_epi),
                   store_thr.partition_D(kv_tile(static_cast<Element*>(p.dv), p.dv_batch_stride, p.dv_row_stride,
                                                 p.dv_head_stride)),
                   tKVcKV_st, seqlen_k - col0, T::kHeadDimIO);
