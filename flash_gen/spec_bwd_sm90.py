@@ -14,16 +14,16 @@ from flash_gen.spec_sm90 import WGMMA_BASIC_N
 
 @dataclass(frozen=True)
 class Sm90BwdConfig:
-    """block_m queries per step x block_n keys per CTA (two warpgroups of 64 keys, or 64 keys shared when the head
-    dim is split), two Q/dO buffers; the template takes any block_m, the feasibility rule admits 64 x 128 (and
-    128 x 128 at head dims up to 64, 80 x 128 at 72-128 with dQ computed transposed) and 64 x 64 at head dim
-    256. `overlap`: the dK/dV wgmmas run on through the dS barrier and the dQ GEMM instead of being waited for
-    first (name suffix "o"). `dq_bulk`: each step's dQ goes
-    through shared memory and leaves as TMA tensor reductions (`cp.reduce.async.bulk.tensor`, one per 32-column
-    box, issued by thread 0, or per head dim half by each warpgroup's first thread when the head dim is split)
-    instead of each thread's `red.global.add` of its accumulators (suffix "b"). `decoupled` (bulk dQ, head dims up to
-    128): the warpgroups meet once per step, at the dS barrier, not also at its end; dS is double-buffered, the next
-    Q/dO tile loads after the dS barrier and each warpgroup sends its own half of dQ (suffix "d")."""
+    """block_m queries per step x block_n keys per CTA (two warpgroups of 64 keys, or 64 keys shared when the head dim
+    is split), two Q/dO buffers; the template takes any block_m, the feasibility rule admits 64 x 128 (and 128 x 128
+    at head dims up to 64, 80 x 128 at 72-128 with dQ computed transposed) and 64 x 64 at head dim 256. `overlap`:
+    the dK/dV wgmmas run on through the dS barrier and the dQ GEMM instead of being waited for first (name suffix
+    "o"). `dq_bulk`: each step's dQ goes through shared memory and leaves as TMA tensor reductions
+    (`cp.reduce.async.bulk.tensor`, one per 32-column box, issued by thread 0, or per head dim half by each
+    warpgroup's first thread when the head dim is split) instead of each thread's `red.global.add` of its
+    accumulators (suffix "b"). `decoupled` (bulk dQ, head dims up to 128): the warpgroups meet once per step, at the
+    dS barrier, not also at its end; dS is double-buffered, the next Q/dO tile loads after the dS barrier and each
+    warpgroup sends its own half of dQ (suffix "d")."""
 
     block_m: int = 64
     block_n: int = 128

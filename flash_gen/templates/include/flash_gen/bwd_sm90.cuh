@@ -4,6 +4,7 @@
 //   P^T = exp2(S^T * scale_log2 - lse_log2[q]),  dS^T = P^T * (dP^T - rowsum(dO * O)[q])
 //   dV += P^T dO, dK += dS^T Q      (RS: P^T and dS^T straight from the S^T accumulators' registers)
 //   dQ_accum += dS K                (SS: dS through shared memory, query-major; fp32 reductions to global)
+//   (80-query steps, no wgmma M: dQ^T = K^T dS^T instead, dS key-major; kDqTransposed below)
 // One CTA (two warpgroups, 256 threads) owns a 128-key tile of K and V for one (batch, KV head) and walks the
 // query tiles that see it, for every query head sharing that KV head, like the portable backward (bwd_sm80.cuh),
 // with its parameters (BwdParams, after TMA maps of q and dout), preprocess and dQ conversion. One thread loads the
