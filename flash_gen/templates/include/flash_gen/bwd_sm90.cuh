@@ -49,7 +49,7 @@ struct Sm90BwdTraits {
   // Whether the dK/dV wgmmas run on through the dS barrier and the dQ GEMM (a tunable, Sm90BwdConfig.overlap).
   static constexpr bool kOverlapDkvDq = kOverlap_;
   // dQ through shared memory and out by TMA reductions (Sm90BwdConfig.dq_bulk): the consumers store their
-  // accumulators into 32-column boxes swizzled by 128 bytes (a warp's 8-byte stores hit distinct banks), and thread
+  // accumulators into 32-column boxes swizzled by 128 bytes (in stage_dq's order, free of bank conflicts), and thread
   // 0 adds the boxes into dq_accum (map tma_dq), taking the per-element reductions off the load/store queue. (Until
   // 2026-12-03 every warp's lane 0 sent 8 padded rows by row-wise bulk reductions: a loop of 8 uniform-datapath
   // instructions that took about 14% of the warps' time, ncu source counters, docs/hopper_backward.md.)
@@ -167,6 +167,10 @@ __device__ __forceinline__ int opaque_thread_idx() {
   int t;
   asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
   return t;
+}
+
+__device__ __forceinline__ void st_shared_f32x2(uint32_t addr, float2 v) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(v.x), "f"(v.y) : "memory");
 }
 
 template <class T>
@@ -506,9 +510,24 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
         if constexpr (T::kDqTransposed) {  // an accumulator's adjacent columns are adjacent rows of the tile
           copy(acc_dq, tdQsdQ);
         } else {
+          // 8-byte stores, each element pair i, i + 1 two adjacent columns of one row. Shared memory serves them by
+          // half-warps (rows 4h..4h+3 of a warp's eight), and the 128-byte swizzle puts rows 2s and 2s + 1 of one
+          // store on the same 8 banks (ncu, 2026-12-04: 4 wavefronts per store, not 2). So odd rows store in a crossed
+          // order, each instruction writing the chunk 16 columns over: fragment element i ^ 8 (8-column chunk k ^ 2,
+          // the same 32-column box), whose address is element i's XOR 64 bytes whatever the row's swizzle (it permutes
+          // 16-byte units within the row; the buffers are 1024-byte aligned). Shared-space stores: a select between
+          // two pointers made them generic, and two addresses per pair cost registers (spills under ALiBi).
+          static_assert(decltype(size<0, 0>(acc_dq))::value == 2 && decltype(size<0, 1>(acc_dq))::value == 2 &&
+                        decltype(size<0, 2>(acc_dq))::value % 4 == 0);
+          const bool odd_row = (tidx >> 2) & 1;
+          const uint32_t flip = odd_row ? 64 : 0;
           CUTE_UNROLL
-          for (int i = 0; i < size(acc_dq); i += 2) {  // elements 2i, 2i+1: adjacent columns of one row
-            *reinterpret_cast<float2*>(&tdQsdQ(i)) = make_float2(acc_dq(i), acc_dq(i + 1));
+          for (int i = 0; i < size(acc_dq); i += 2) {
+            if (i & 8) continue;
+            const float2 a = make_float2(acc_dq(i), acc_dq(i + 1)), b = make_float2(acc_dq(i ^ 8), acc_dq((i ^ 8) + 1));
+            const uint32_t addr = smem_u32(&tdQsdQ(i)) ^ flip;  // odd rows: element i ^ 8's
+            st_shared_f32x2(addr, odd_row ? b : a);
+            st_shared_f32x2(addr ^ 64, odd_row ? a : b);
           }
         }
         fence_smem_for_async_proxy();
