@@ -37,10 +37,11 @@ def store_order(lane: int, size: int, crossed: bool) -> list[int]:
     return order
 
 
-def wavefronts(rows: int, n: int, col0: int, crossed: bool) -> tuple[list[int], collections.Counter]:
-    """Per store instruction of one warpgroup (columns col0..col0+n), the worst warp's wavefronts, and how often each
-    staged float was written."""
-    size = rows // 64 * n // 2  # floats per thread: N / 2 per 64-row m-tile
+def wavefronts(rows: int, n: int, m_tiles: int, origin: tuple[int, int],
+               crossed: bool) -> tuple[list[int], collections.Counter]:
+    """Per store instruction of one warpgroup (its m_tiles x 64 rows and n columns from `origin` in a tile of `rows`
+    rows), the worst warp's wavefronts, and how often each staged float was written."""
+    size = m_tiles * n // 2  # floats per thread: N / 2 per 64-row m-tile
     written, per_store = collections.Counter(), []
     for s in range(size // 2):
         worst = 0
@@ -50,7 +51,7 @@ def wavefronts(rows: int, n: int, col0: int, crossed: bool) -> tuple[list[int], 
                 i = store_order(lane, size, crossed)[s]
                 for j in (i, i + 1):
                     r, c = fragment(lane, warp, j, n)
-                    off = staged_offset(r, col0 + c, rows)
+                    off = staged_offset(origin[0] + r, origin[1] + c, rows)
                     written[off] += 1
                     banks_by_half[lane // 16][off % 32].add(off)
             worst = max(worst, sum(max(len(a) for a in half.values()) for half in banks_by_half))
@@ -58,36 +59,36 @@ def wavefronts(rows: int, n: int, col0: int, crossed: bool) -> tuple[list[int], 
     return per_store, written
 
 
-# (tile rows, wgmma N, the warpgroups' column offsets): head dim 256's halves (128 columns each, the tile a half), 128
-# with 64-query steps, 64 with 128-query steps (N = 32 per warpgroup).
-SHAPES = [(64, 128, (0,)), (64, 64, (0, 64)), (128, 32, (0, 32))]
+# (tile rows, wgmma N, 64-row m-tiles per warpgroup, the warpgroups' (row, column) origins): head dim 256's halves
+# (128 columns each, the tile a half), 128 with 64-query steps, 64 with 128-query steps (N = 32 per warpgroup).
+SHAPES = [(64, 128, 1, ((0, 0),)), (64, 64, 1, ((0, 0), (0, 64))), (128, 32, 2, ((0, 0), (0, 32)))]
 
 
-@pytest.mark.parametrize("rows,n,col0s", SHAPES)
-def test_crossed_order_stores_every_float_once_at_two_wavefronts(rows: int, n: int, col0s: tuple[int, ...]):
+@pytest.mark.parametrize("rows,n,m_tiles,origins", SHAPES)
+def test_crossed_order_stores_every_float_once_at_two_wavefronts(rows, n, m_tiles, origins):
     written = collections.Counter()
-    for col0 in col0s:
-        per_store, w = wavefronts(rows, n, col0, crossed=True)
+    for origin in origins:
+        per_store, w = wavefronts(rows, n, m_tiles, origin, crossed=True)
         assert set(per_store) == {2}  # 256 bytes a store: the minimum
         written += w
-    assert sorted(written) == list(range(rows * n * len(col0s))) and set(written.values()) == {1}
+    tile_floats = len(origins) * m_tiles * 64 * n  # the warpgroups' parts cover the tile
+    assert sorted(written) == list(range(tile_floats)) and set(written.values()) == {1}
 
 
-@pytest.mark.parametrize("rows,n,col0s", SHAPES)
-def test_plain_order_conflicts(rows: int, n: int, col0s: tuple[int, ...]):
+@pytest.mark.parametrize("rows,n,m_tiles,origins", SHAPES)
+def test_plain_order_conflicts(rows, n, m_tiles, origins):
     """What ncu measured before (2026-12-04): rows 2s and 2s + 1 of a half-warp on the same 8 banks."""
-    per_store, _ = wavefronts(rows, n, col0s[0], crossed=False)
+    per_store, _ = wavefronts(rows, n, m_tiles, origins[0], crossed=False)
     assert set(per_store) == {4}
 
 
-@pytest.mark.parametrize("rows,n,col0s", SHAPES)
-def test_partner_address_is_xor_64_bytes(rows: int, n: int, col0s: tuple[int, ...]):
+@pytest.mark.parametrize("rows,n,m_tiles,origins", SHAPES)
+def test_partner_address_is_xor_64_bytes(rows, n, m_tiles, origins):
     """The kernel addresses element i ^ 8 as element i's address XOR 64 bytes."""
-    size = rows // 64 * n // 2
-    for col0 in col0s:
+    for r0, c0 in origins:
         for warp in range(4):
             for lane in range(32):
-                for i in range(0, size, 2):
+                for i in range(0, m_tiles * n // 2, 2):
                     (ra, ca), (rb, cb) = fragment(lane, warp, i, n), fragment(lane, warp, i ^ 8, n)
-                    a, b = staged_offset(ra, col0 + ca, rows), staged_offset(rb, col0 + cb, rows)
+                    a, b = staged_offset(r0 + ra, c0 + ca, rows), staged_offset(r0 + rb, c0 + cb, rows)
                     assert b * 4 == (a * 4) ^ 64
