@@ -56,6 +56,13 @@ def _cases() -> list[Case]:
               Case("bf16", 128, (1000, 3), (999, 1500), 4, 2, "none", deterministic=True),
               # sm90: the Hopper backward spills for this key; the runtime runs a spill-free portable tiling
               Case("bf16", 128, ragged_q, ragged_k, 4, 2, "win32_0", "alibi", deterministic=True)]
+    # Entries of thousands of rows over 16 heads: grids of thousands of CTAs, many waves of the GPU. Head dim 128
+    # causal: on sm_90 the backward's bulk-dQ tilings spill for this key and dQ goes by reductions instead.
+    long_q, long_k = (2000, 77, 3001, 0, 1500, 2500), (2000, 77, 2900, 5, 1700, 2500)
+    cases += [Case("bf16", 64, long_q, long_q, 16, 8, "causal"),
+              Case("bf16", 64, long_q, long_q, 16, 8, "causal", deterministic=True),
+              Case("bf16", 128, long_q, long_k, 16, 8, "causal"),
+              Case("bf16", 128, long_q, long_k, 16, 8, "none")]
     many = tuple(rng.choice((0, 1, 17, 64, 65, 150)) for _ in range(70))  # three 32-entry scan steps
     cases.append(Case("bf16", 64, many, tuple(reversed(many)), 2, 1, "causal"))
     # Hopper forward tilings the defaults do not reach (the defaults above run it on sm_90 too)
