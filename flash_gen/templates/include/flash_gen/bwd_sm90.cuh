@@ -219,16 +219,25 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   // Dense: each entry's rows through the maps' batch coordinate; packed: rows from q_start of the whole tensor,
   // whose boxes may run into the next entry (finite values whose lse padding makes P and dS zero).
   const int tma_batch = T::kVarlen ? 0 : batch;
+  // The entry's first query row (seq.q_start): packed, read again where used rather than held in a register
+  // through the steps. At 255 registers that one counts: the packed causal head dim 128 key's `wgbm64n128b` then
+  // compiles without spills (4 B of spill stores before) and `wgbm64n128ob` stores 4 B instead of 20 (NVRTC 13.0).
+  auto entry_q_start = [&] {
+    int q_start = 0, len;
+    if constexpr (T::kVarlen) packed_range(p.cu_seqlens_q, batch, p.seqlen_q, q_start, len);
+    return q_start;
+  };
   // Thread 0 only: query tile m of head `head` into buffer `stage`. A buffer is refilled after the barrier that ends
   // the step that last read it.
   auto load_q_do = [&](int head, int m, int stage) {
-    const int64_t acc0 = acc_row0(p, T::kVarlen, batch, head, seq.q_start);
+    const int q_start = entry_q_start();
+    const int64_t acc0 = acc_row0(p, T::kVarlen, batch, head, q_start);
     const int stat_shift = T::kVarlen ? int(acc0 & 3) : 0;
     q_full[stage].arrive_expect_tx(T::kStageTxBytes);
     CUTE_UNROLL
     for (int c = 0; c < kD / T::kBoxCols; ++c) {
       const int offset = (stage * kD + c * T::kBoxCols) * kBlockM;
-      const int row = seq.q_start + m * kBlockM;
+      const int row = q_start + m * kBlockM;
       tma_load_4d(sp.tma_q, q_full[stage], smem_q + offset, c * T::kBoxCols, row, head, tma_batch);
       tma_load_4d(sp.tma_do, q_full[stage], smem_do + offset, c * T::kBoxCols, row, head, tma_batch);
     }
@@ -327,7 +336,7 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
     const int head = head_k * group + g;
     float slope = 0.f;  // ALiBi, pre-divided by the softmax scale (alibi_scale) as scale_log2 multiplies it back
     if constexpr (T::kAlibi) slope = p.alibi_slopes[batch * p.alibi_batch_stride + head] * p.alibi_scale;
-    const int64_t acc0 = acc_row0(p, T::kVarlen, batch, head, seq.q_start);
+    const int64_t acc0 = acc_row0(p, T::kVarlen, batch, head, entry_q_start());
     // The statistics' rows from the 16-byte boundary; dense rows start at multiples of block_m (acc_row0).
     const int stat_shift = T::kVarlen ? int(acc0 & 3) : 0;
     if (tidx == 0 && m_min < m_max && g > 0) load_q_do(head, m_min, step % T::kStages);
