@@ -23,7 +23,8 @@ class Sm90BwdConfig:
     warpgroup's first thread when the head dim is split) instead of each thread's `red.global.add` of its
     accumulators (suffix "b"). `decoupled` (bulk dQ, head dims up to 128): the warpgroups meet once per step, at the
     dS barrier, not also at its end; dS is double-buffered, the next Q/dO tile loads after the dS barrier and each
-    warpgroup sends its own half of dQ (suffix "d")."""
+    warpgroup sends its own half of dQ (suffix "d"). With 128-query steps the warpgroups split dQ's rows (64 each,
+    N = 64 dQ wgmmas), with 64 or 80 its columns."""
 
     block_m: int = 64
     block_n: int = 128
@@ -39,6 +40,12 @@ class Sm90BwdConfig:
     @property
     def num_threads(self) -> int:
         return 256
+
+    @property
+    def dq_box_rows(self) -> int:
+        """Rows of a bulk dQ reduction box (dq_accum's TMA map): a query step's, but 64 with 128-query steps, whose
+        warpgroups each compute and send their own 64 rows of dQ (bwd_sm90.cuh, kDqRowHalves)."""
+        return 64 if self.block_m == 128 else self.block_m
 
 
 # The tuner's axes where this kernel is the default (flash_gen.search.space), pruned by sm90_bwd_infeasible_reason

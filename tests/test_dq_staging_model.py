@@ -60,8 +60,10 @@ def wavefronts(rows: int, n: int, m_tiles: int, origin: tuple[int, int],
 
 
 # (tile rows, wgmma N, 64-row m-tiles per warpgroup, the warpgroups' (row, column) origins): head dim 256's halves
-# (128 columns each, the tile a half), 128 with 64-query steps, 64 with 128-query steps (N = 32 per warpgroup).
-SHAPES = [(64, 128, 1, ((0, 0),)), (64, 64, 1, ((0, 0), (0, 64))), (128, 32, 2, ((0, 0), (0, 32)))]
+# (128 columns each, the tile a half), 128 with 64-query steps, 64 with 128-query steps (the warpgroups splitting
+# the rows, N = 64 each; before 2026-12-04 the columns, N = 32, two m-tiles each).
+SHAPES = [(64, 128, 1, ((0, 0),)), (64, 64, 1, ((0, 0), (0, 64))), (128, 64, 1, ((0, 0), (64, 0))),
+          (128, 32, 2, ((0, 0), (0, 32)))]
 
 
 @pytest.mark.parametrize("rows,n,m_tiles,origins", SHAPES)

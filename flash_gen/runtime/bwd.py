@@ -230,7 +230,7 @@ def attention_bwd(
             if not bulk:
                 return q_do
             dq_accum = f32[2 * shape.part:2 * shape.part + shape.rows * d].view(1, shape.rows, 1, d)
-            return (*q_do, ("tma_dq", dq_accum, rows, None, 32))
+            return (*q_do, ("tma_dq", dq_accum, var.cfg.dq_box_rows, None, 32))
 
         main = tma.params_with_maps(Sm90BwdParams, shape.params, shape.maps,
                                     (var, q.data_ptr(), dout.data_ptr(), base if bulk else 0), maps)

@@ -73,6 +73,11 @@ struct Sm90BwdTraits {
   static constexpr bool kDqTransposed = kBlockM_ % 64 != 0;
   static_assert(!kDqTransposed || (kHeadDim_ == 128 && kDqBulk && kBlockM_ % 16 == 0));
   static constexpr int kDqBoxCols = 32;  // fp32 columns of a 128-byte swizzle row
+  // 128-query steps (head dim 64): the warpgroups split dQ's rows rather than its columns, so each dQ wgmma is
+  // N = 64 over its own 64 rows of dS: 64 KB of shared-memory operands per step instead of 96 (each warpgroup read
+  // all of dS for N = 32). dq_accum's TMA boxes are then 64 rows (flash_gen.spec_bwd_sm90.dq_box_rows).
+  static constexpr bool kDqRowHalves = kBlockM_ == 128 && !kSplitHeadDim && !kDqTransposed;
+  static constexpr int kDqBoxRows = kDqRowHalves ? 64 : kBlockM_;
   static constexpr int kDqStageCols = kSplitHeadDim ? kHeadDim / 2 : kHeadDim;  // columns staged at once
   using SmemLayoutdQ = decltype(tile_to_shape(
       composition(Swizzle<3, 2, 3>{}, Layout<Shape<_8, Int<kDqBoxCols>>, Stride<Int<kDqBoxCols>, _1>>{}),
@@ -128,16 +133,22 @@ struct Sm90BwdTraits {
       decltype(make_tiled_mma(GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockM>>,
                                                    GMMA::Major::K, GMMA::Major::MN>(),
                               Layout<Shape<_2, _1, _1>>{}))>;
-  // dQ: the tile's 64 queries x head dim, the warpgroups splitting the head dim (transposed: head dim x queries, the
-  // warpgroups splitting the head dim as M). DqTile: the accumulator's (rows, cols).
+  // dQ: the tile's queries x head dim, the warpgroups splitting the head dim (kDqRowHalves: the queries; transposed:
+  // head dim x queries, the warpgroups splitting the head dim as M). DqTile: the accumulator's (rows, cols).
   using MmadQ = cute::conditional_t<
       kDqTransposed,
       decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM>, Int<kBlockN>>,
                                                    GMMA::Major::MN, GMMA::Major::K>(),
                               Layout<Shape<_2, _1, _1>>{})),
-      decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim / 2>, Int<kBlockN>>,
-                                                   GMMA::Major::MN, GMMA::Major::MN>(),
-                              Layout<Shape<_1, _2, _1>>{}))>;
+      cute::conditional_t<
+          kDqRowHalves,
+          decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockN>>,
+                                                       GMMA::Major::MN, GMMA::Major::MN>(),
+                                  Layout<Shape<_2, _1, _1>>{})),
+          decltype(make_tiled_mma(
+              GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim / 2>, Int<kBlockN>>,
+                                   GMMA::Major::MN, GMMA::Major::MN>(),
+              Layout<Shape<_1, _2, _1>>{}))>>;
   using DqTile =
       cute::conditional_t<kDqTransposed, Shape<Int<kHeadDim>, Int<kBlockM>>, Shape<Int<kBlockM>, Int<kHeadDim>>>;
 
@@ -307,13 +318,20 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   fence_smem_for_async_proxy();  // cp.async wrote them through the generic proxy; wgmma reads them
   __syncthreads();  // K and V visible, barriers initialised
 
-  // One thread: the columns [col0, col0 + kSendCols) of dq_accum row `row` onward, staged at `buf`, as one bulk
-  // group.
-  constexpr int kSendCols = kDqHalves ? kD / 2 : kD;
-  auto send_dq = [&](const float* buf, int col0, int row) {
+  // One thread: columns [col0, col0 + kSendCols) x the row boxes [box0, box0 + kSendRowBoxes) (kDqBoxRows rows
+  // each) of the tile whose first dq_accum row is `row`, staged at `buf` (32-column boxes of kBlockM rows), as one
+  // bulk group. A warpgroup's half is half the columns, or (kDqRowHalves) its own row box.
+  constexpr bool kRowHalfSends = kDqHalves && T::kDqRowHalves;
+  constexpr int kSendCols = kDqHalves && !kRowHalfSends ? kD / 2 : kD;
+  constexpr int kSendRowBoxes = kRowHalfSends ? 1 : kBlockM / T::kDqBoxRows;
+  auto send_dq = [&](const float* buf, int col0, int box0, int row) {
     CUTE_UNROLL
     for (int c = 0; c < kSendCols / T::kDqBoxCols; ++c) {
-      tma_reduce_add_4d(sp.tma_dq, buf + c * kBlockM * T::kDqBoxCols, col0 + c * T::kDqBoxCols, row);
+      CUTE_UNROLL
+      for (int b = box0; b < box0 + kSendRowBoxes; ++b) {
+        tma_reduce_add_4d(sp.tma_dq, buf + (c * kBlockM + b * T::kDqBoxRows) * T::kDqBoxCols,
+                          col0 + c * T::kDqBoxCols, row + b * T::kDqBoxRows);
+      }
     }
     bulk_commit_group();
   };
@@ -323,9 +341,12 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   int dq_pending = -1;
   auto reduce_pending_dq = [&] {
     if constexpr (T::kDecoupled) {
-      if (tidx % 128 == 0 && dq_pending >= 0) send_dq(smem_dq + wg * kBlockM * (kD / 2), wg * (kD / 2), dq_pending);
+      if (tidx % 128 == 0 && dq_pending >= 0) {
+        if constexpr (kRowHalfSends) send_dq(smem_dq, 0, wg, dq_pending);
+        else send_dq(smem_dq + wg * kBlockM * (kD / 2), wg * (kD / 2), 0, dq_pending);
+      }
     } else if constexpr (T::kDqBulk && !T::kSplitHeadDim) {
-      if (tidx == 0 && dq_pending >= 0) send_dq(smem_dq, 0, dq_pending);
+      if (tidx == 0 && dq_pending >= 0) send_dq(smem_dq, 0, 0, dq_pending);
     }
     dq_pending = -1;
   };
@@ -549,7 +570,7 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
         float* buf = reinterpret_cast<float*>((wg == 0 ? smem_do : smem_q) + stage * kBlockM * kD);
         stage_dq(buf);
         named_barrier_sync(kDqHalfStaged + wg, 128);
-        if (tidx % 128 == 0) send_dq(buf, wg * T::kDqStageCols, int(acc0 + row0));
+        if (tidx % 128 == 0) send_dq(buf, wg * T::kDqStageCols, 0, int(acc0 + row0));
         continue;
       } else if constexpr (T::kDecoupled) {  // each warpgroup's half, sent under its next step's first GEMMs
         stage_dq(smem_dq);
