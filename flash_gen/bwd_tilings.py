@@ -17,15 +17,18 @@ BwdTiling = Union[BwdConfig, Sm90BwdConfig]
 
 def default_configs(key: BwdKey) -> tuple[BwdTiling, ...]:
     """`key`'s chain of default tilings, fastest first: the Hopper kernel where it supports `key` (1.2x the
-    portable kernel's fwd+bwd at head dim 128 on the H200, docs/benchmarks.md), then without its dK/dV overlap,
-    then (after 128- or 80-query steps) the 64-query tiling and its own fallback; with bulk dQ, then the same
+    portable kernel's fwd+bwd at head dim 128 on the H200, docs/benchmarks.md); with bulk dQ, the same with
+    decoupled warpgroups, which keep the dK/dV overlap where the coupled form spills (packed causal batches at head
+    dim 128: +1.2-1.6% fwd+bwd over the tiling without the overlap, H200 2026-12-04); then without the overlap;
+    then (after 128- or 80-query steps) the 64-query tiling and its own fallbacks; with bulk dQ, then the same
     tilings adding dQ by `red.global.add`, then the portable kernel's (spec_bwd.bwd_fallbacks).
     The runtime takes the first that compiles without spills (flash_gen.build.spill_free). The dQ by reductions
     need fewer registers: at head dim 128, causal, in a packed batch both bulk tilings spill 4-28 B (NVRTC 13.0,
     2026-12-04), and the portable kernel that then ran gave 0.53x the fwd+bwd of `wgbm64n128o`."""
     hopper = spec_bwd_sm90.default_sm90_bwd_config(key)
     tiles = [hopper] if hopper.block_m == 64 else [hopper, spec_bwd_sm90.default_sm90_bwd_config(key, False)]
-    chain = [c for t in tiles for c in ([t, dataclasses.replace(t, overlap=False)] if t.overlap else [t])]
+    chain = [c for t in tiles for c in ([t, dataclasses.replace(t, decoupled=t.dq_bulk),
+                                         dataclasses.replace(t, overlap=False)] if t.overlap else [t])]
     chain += [dataclasses.replace(c, dq_bulk=False, decoupled=False) for c in chain if c.dq_bulk]
     chain = [c for c in dict.fromkeys(chain) if spec_bwd_sm90.sm90_bwd_infeasible_reason(key, c) is None]
     return (*chain, *spec_bwd.bwd_fallbacks(key))

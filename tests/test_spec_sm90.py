@@ -220,15 +220,22 @@ def test_hopper_backward_is_the_sm90_default_where_it_fits():
     assert all(default_sm90_bwd_config(k).dq_bulk == (k in bulk) for k in hopper)
     assert all(default_sm90_bwd_config(k).block_m == ((128 if k.head_dim <= 64 else 80) if k in wide else 64)
                for k in hopper)
+    # each bulk tiling with the overlap is followed by its decoupled form (which keeps the overlap where the
+    # coupled one spills), then by the same without the overlap
     chain = [c.name for c in bwd_tilings.default_configs(BwdKey("sm90", "bf16", 64, "causal"))]
-    assert chain[:4] == ["wgbm128n128ob", "wgbm128n128b", "wgbm64n128ob", "wgbm64n128b"]
+    assert chain[:6] == ["wgbm128n128ob", "wgbm128n128obd", "wgbm128n128b", "wgbm64n128ob", "wgbm64n128obd",
+                         "wgbm64n128b"]
     chain = [c.name for c in bwd_tilings.default_configs(BwdKey("sm90", "bf16", 96, "none"))]
-    assert chain[:3] == ["wgbm80n128b", "wgbm64n128ob", "wgbm64n128b"]
+    assert chain[:4] == ["wgbm80n128b", "wgbm64n128ob", "wgbm64n128obd", "wgbm64n128b"]
     # after the bulk-dQ tilings, the same ones adding dQ by reductions (fewer registers), before the portable kernel
     chain = [c.name for c in bwd_tilings.default_configs(BwdKey("sm90", "bf16", 128, "causal", varlen=True))]
-    assert chain[:5] == ["wgbm64n128ob", "wgbm64n128b", "wgbm64n128o", "wgbm64n128", "m64n128w8a422s2"]
+    assert chain[:6] == ["wgbm64n128ob", "wgbm64n128obd", "wgbm64n128b", "wgbm64n128o", "wgbm64n128",
+                         "m64n128w8a422s2"]
     chain = [c.name for c in bwd_tilings.default_configs(BwdKey("sm90", "bf16", 96, "none"))]
-    assert chain[3:5] == ["wgbm64n128o", "wgbm64n128"] and not chain[5].startswith("wgbm")  # 80: bulk dQ only
+    assert chain[4:6] == ["wgbm64n128o", "wgbm64n128"] and not chain[6].startswith("wgbm")  # 80: bulk dQ only
+    # the split head dim has no decoupled form
+    chain = [c.name for c in bwd_tilings.default_configs(BwdKey("sm90", "bf16", 256, "causal"))]
+    assert chain[:2] == ["wgbm64n64ob", "wgbm64n64b"]
     # the dK/dV overlap where it measured ahead: head dim 64 (computed), unmasked dense batches, and with bulk dQ;
     # not with 80-query steps (48 B of spills)
     assert all(default_sm90_bwd_config(k).overlap == (default_sm90_bwd_config(k).block_m != 80 and (
