@@ -18,10 +18,10 @@ BwdTiling = Union[BwdConfig, Sm90BwdConfig]
 def default_configs(key: BwdKey) -> tuple[BwdTiling, ...]:
     """`key`'s chain of default tilings, fastest first: the Hopper kernel where it supports `key` (1.2x the
     portable kernel's fwd+bwd at head dim 128 on the H200, docs/benchmarks.md); with bulk dQ, the same with
-    decoupled warpgroups, which keep the dK/dV overlap where the coupled form spills (packed causal batches at head
-    dim 128: +1.2-1.6% fwd+bwd over the tiling without the overlap, H200 2026-12-04); then without the overlap;
-    then (after 128- or 80-query steps) the 64-query tiling and its own fallbacks; with bulk dQ, then the same
-    tilings adding dQ by `red.global.add`, then the portable kernel's (spec_bwd.bwd_fallbacks).
+    decoupled warpgroups, which keep the dK/dV overlap where the coupled form spills (packed causal batches at
+    head dims 96-128: +1.2-1.6% fwd+bwd at 128 over the tiling without the overlap, H200 2026-12-04); then
+    without the overlap; then (after 128- or 80-query steps) the 64-query tiling and its own fallbacks; with bulk
+    dQ, then the same tilings adding dQ by `red.global.add`, then the portable kernel's (spec_bwd.bwd_fallbacks).
     The runtime takes the first that compiles without spills (flash_gen.build.spill_free). The dQ by reductions
     need fewer registers: at head dim 128, causal, in a packed batch both bulk tilings spill 4-28 B (NVRTC 13.0,
     2026-12-04), and the portable kernel that then ran gave 0.53x the fwd+bwd of `wgbm64n128o`."""
