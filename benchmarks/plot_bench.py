@@ -13,7 +13,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-LABELS = {"flash_gen": "flash-gen", "flash": "FA2 (SDPA FLASH)", "cudnn": "cuDNN (SDPA CUDNN)"}
+LABELS = {"flash_gen": "flash-gen", "flash": "FA2 (SDPA FLASH)", "cudnn": "cuDNN (SDPA CUDNN)", "fa4": "FA4"}
 
 
 def plot(data: dict, out: Path, title: str | None, tilings: bool = False) -> None:

@@ -1,5 +1,5 @@
-"""One forward+backward step of flash_gen and of an SDPA backend (FA2 by default) on one shape, for a profiler to
-capture, or (--times) each kernel's GPU time per step under torch.profiler:
+"""One forward+backward step of flash_gen and of a peer (SDPA's FA2 by default, its cuDNN, or FlashAttention-4)
+on one shape, for a profiler to capture, or (--times) each kernel's GPU time per step under torch.profiler:
 
     ncu --clock-control none -k regex:bwd --section SpeedOfLight --section Occupancy --section WarpStateStats \\
         python3 benchmarks/profile_bwd.py --hdim 128 --seqlen 4096
@@ -18,7 +18,7 @@ from torch.nn.attention import sdpa_kernel
 from torch.profiler import ProfilerActivity, profile
 
 from flash_gen import flash_attn_func
-from flash_gen.bench import PEERS
+from flash_gen.bench import OWN_PEERS, PEERS, _fa4
 
 
 def print_kernel_times(name: str, step, rounds: int = 5) -> None:
@@ -42,7 +42,8 @@ def main() -> None:
     parser.add_argument("--hdim", type=int, default=128)
     parser.add_argument("--seqlen", type=int, default=4096)
     parser.add_argument("--causal", action="store_true")
-    parser.add_argument("--peer", choices=sorted(PEERS), default="flash", help="SDPA backend run beside flash_gen")
+    parser.add_argument("--peer", choices=sorted([*PEERS, *OWN_PEERS]), default="flash",
+                        help="SDPA backend (flash, cudnn) or fa4, run beside flash_gen")
     parser.add_argument("--times", action="store_true", help="print per-kernel GPU times (torch.profiler)")
     args = parser.parse_args()
     batch, heads = max(1, 32768 // args.seqlen), 2048 // args.hdim
@@ -54,13 +55,16 @@ def main() -> None:
         torch.autograd.grad(flash_attn_func(q, k, v, causal=args.causal), (q, k, v), dout)
 
     def peer() -> None:
+        if args.peer in OWN_PEERS:
+            torch.autograd.grad(_fa4(q, k, v, args.causal), (q, k, v), dout)
+            return
         with sdpa_kernel(PEERS[args.peer]):
             out = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), is_causal=args.causal)
             torch.autograd.grad(out.transpose(1, 2), (q, k, v), dout)
 
     if args.times:
         print_kernel_times("flash_gen", ours)
-        print_kernel_times(f"SDPA {args.peer}", peer)
+        print_kernel_times(args.peer, peer)
         return
     for _ in range(2):  # the second round is the one to look at: kernels loaded, caches warm
         ours()

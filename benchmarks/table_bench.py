@@ -12,7 +12,7 @@ import json
 import statistics
 import sys
 
-PEERS = {"flash": "FA2", "cudnn": "cuDNN"}
+PEERS = {"flash": "FA2", "cudnn": "cuDNN", "fa4": "FA4"}
 
 
 def _cell(row: dict) -> tuple:

@@ -1,5 +1,5 @@
 """Attention benchmark (forward, or forward+backward through autograd): flash_gen against PyTorch SDPA's
-FlashAttention-2 and cuDNN backends, in one run.
+FlashAttention-2 and cuDNN backends and, where installed, FlashAttention-4, in one run.
 
 Owns the benchmark shapes (the shared/ANCHORS.md convention: batch = total_tokens / seqlen, nheads =
 model_dim / hdim or a fixed count, seqlen_q = seqlen_k), the timing, the TFLOP/s table and the JSON record. GPU only.
@@ -35,8 +35,10 @@ from flash_gen.gpu_monitor import GpuMonitor
 from flash_gen.validate import derive_mask
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-PEERS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
-LABELS = {"flash_gen": "flash_gen", "flash": "FA2", "cudnn": "cuDNN"}  # both peers run through torch SDPA
+PEERS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}  # through torch SDPA
+# FlashAttention-4 (the flash-attn-4 package, CuTe DSL; its Sm90 path on Hopper), called directly when installed.
+OWN_PEERS = ("fa4",)
+LABELS = {"flash_gen": "flash_gen", "flash": "FA2", "cudnn": "cuDNN", "fa4": "FA4"}
 CAUSAL = {"both": (False, True), "no": (False,), "yes": (True,)}
 FLOP_FACTOR = {"fwd": 1.0, "fwd+bwd": 3.5}  # the backward pass counts as 2.5 forwards
 WARMUP_MS, REP_MS = 25, 100  # triton.testing.do_bench's defaults
@@ -82,9 +84,9 @@ def visible_pairs(seqlen: int, left: int, right: int) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Benchmark every (hdim, causal, seqlen) cell, print the table and write the JSON. Returns an exit code."""
-    unknown = sorted(set(args.peers) - set(PEERS))
+    unknown = sorted(set(args.peers) - set(PEERS) - set(OWN_PEERS))
     if unknown:
-        print(f"--peers: unknown {unknown}; choose from {list(PEERS)}", file=sys.stderr)
+        print(f"--peers: unknown {unknown}; choose from {[*PEERS, *OWN_PEERS]}", file=sys.stderr)
         return 2
     own = [name for name, on in (("--softcap", args.softcap), ("--window", args.window != (-1, -1))) if on]
     if own and args.peers:
@@ -103,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             impl = functools.partial(_flash_gen_bwd_config, config=bwd_tilings.config_from_name(name), **scores)
         impls[f"fg:{name}"] = (contextlib.nullcontext, impl)
-    impls.update({p: (functools.partial(sdpa_kernel, PEERS[p]), _sdpa) for p in args.peers})
+    impls.update({p: (functools.partial(sdpa_kernel, PEERS[p]), _sdpa) if p in PEERS else
+                  (contextlib.nullcontext, _fa4) for p in args.peers})
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     l2_bytes = getattr(props, "L2_cache_size", 0)
     results = []
@@ -202,6 +205,15 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> to
     transposes are views, so every implementation reads the same memory layout."""
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal)
     return out.transpose(1, 2)
+
+
+def _fa4(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+    """FlashAttention-4's public function (same layout as flash_gen's); ImportError where it is not installed,
+    which shows its column as n/a."""
+    from flash_attn.cute import flash_attn_func
+
+    out = flash_attn_func(q, k, v, causal=causal)
+    return out[0] if isinstance(out, tuple) else out
 
 
 def _input_sets(shape: Shape, l2_bytes: int) -> list[tuple[torch.Tensor, ...]]:
@@ -369,7 +381,7 @@ def _print_table(results: list[dict], impls: list[str], direction: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    peers = [name for name in impls if name in PEERS]
+    peers = [name for name in impls if name in PEERS or name in OWN_PEERS]
     title = "Forward" if direction == "fwd" else "Forward+backward"
     table = Table(title=f"{title} TFLOP/s on {torch.cuda.get_device_name()} (FA2, cuDNN: torch SDPA backends)")
     for col in ("hdim", "causal", "seqlen", *(LABELS.get(n, n) for n in impls), *(f"fg/{LABELS[p]}" for p in peers)):

@@ -237,7 +237,8 @@ def _add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nheads", type=int, default=0,
                         help="heads of every shape instead of model_dim / hdim (16: shared/ANCHORS.md's vision shapes)")
     parser.add_argument("--peers", type=names, default=("flash", "cudnn"),
-                        help="SDPA backends to compare with (comma list of flash, cudnn)")
+                        help="peers to compare with (comma list): flash and cudnn (torch SDPA's backends), fa4 "
+                        "(FlashAttention-4, where the flash-attn-4 package is installed)")
     parser.add_argument("--configs", type=names, default=(),
                         help="also time flash_gen forced to these tilings, as fg:NAME columns: forward tilings "
                         "(FwdConfig names, e.g. m128n64w4s2) with --direction fwd, backward tilings (BwdConfig names, "
