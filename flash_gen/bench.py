@@ -383,7 +383,8 @@ def _print_table(results: list[dict], impls: list[str], direction: str) -> None:
 
     peers = [name for name in impls if name in PEERS or name in OWN_PEERS]
     title = "Forward" if direction == "fwd" else "Forward+backward"
-    table = Table(title=f"{title} TFLOP/s on {torch.cuda.get_device_name()} (FA2, cuDNN: torch SDPA backends)")
+    fa4 = "; FA4: flash-attn-4" if "fa4" in impls else ""
+    table = Table(title=f"{title} TFLOP/s on {torch.cuda.get_device_name()} (FA2, cuDNN: torch SDPA backends{fa4})")
     for col in ("hdim", "causal", "seqlen", *(LABELS.get(n, n) for n in impls), *(f"fg/{LABELS[p]}" for p in peers)):
         table.add_column(col, justify="right")
     table.add_column("max|Δ| vs SDPA", justify="right")

@@ -73,6 +73,9 @@ struct Sm90BwdTraits {
   static constexpr bool kDqTransposed = kBlockM_ % 64 != 0;
   static_assert(!kDqTransposed || (kHeadDim_ == 128 && kDqBulk && kBlockM_ % 16 == 0));
   static constexpr int kDqBoxCols = 32;  // fp32 columns of a 128-byte swizzle row
+  // P^T's exponentials while the dP^T GEMM computes (S^T waited for alone), dS^T after it. At head dim 64 that
+  // measured +3% fwd+bwd without a mask and level causal; at 128 -1..-2% (H200, 2026-12-04, docs/hopper_backward.md).
+  static constexpr bool kExpUnderDp = kHeadDim_ <= 64;
   // 128-query steps (head dim 64): the warpgroups split dQ's rows rather than its columns, so each dQ wgmma is
   // N = 64 over its own 64 rows of dS: 64 KB of shared-memory operands per step instead of 96 (each warpgroup read
   // all of dS for N = 32). dq_accum's TMA boxes are then 64 rows (flash_gen.spec_bwd_sm90.dq_box_rows).
@@ -430,11 +433,31 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
           softmax_grad(acc_s, acc_dp, with_dp, cute::true_type{});
         }
       };
+      // dS^T = P^T (dP^T - rowsum(dO * O)) in place of dP^T, P^T already in acc_s (0 where hidden).
+      auto ds_from_p = [&](auto const& acc_s, auto& acc_dp) {
+        const int q0 = get<1>(cS(0));
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc_dp); i += 2) {
+          const float2 dsum2 = stat_pair(dsum, q0 + (get<1>(cS(i)) - q0));
+          acc_dp(i) = acc_s(i) * (acc_dp(i) - dsum2.x);
+          acc_dp(i + 1) = acc_s(i + 1) * (acc_dp(i + 1) - dsum2.y);
+        }
+      };
       // Unsplit: P^T and dS^T in bf16 registers, the A operands of dV and dK, live until those wgmmas are waited for.
       Tensor pt_frag = make_tensor<Element>(partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{}).layout());
       Tensor dst_frag = make_tensor<Element>(pt_frag.layout());
       Tensor tdVrPt = make_tensor(pt_frag.data(), gmma_acc_as_a(pt_frag.layout()));
       Tensor tdKrdSt = make_tensor(dst_frag.data(), gmma_acc_as_a(dst_frag.layout()));
+      // Without the overlap (unsplit): dV issued before the dS barrier, dK after the dQ GEMM, running on under dQ's
+      // store until the step's end (FlashAttention-4's order).
+      constexpr bool kLateDk = !T::kOverlapDkvDq && !T::kSplitHeadDim;
+      auto finish_late_dk = [&] {
+        if constexpr (kLateDk) {
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(tdKrdSt);
+          warpgroup_fence_operand(acc_dk);
+        }
+      };
       if constexpr (T::kSplitHeadDim) {
         Tensor sPt = make_tensor(make_smem_ptr(smem_pt), typename T::SmemLayoutPt{});
         Tensor sdSt = make_tensor(make_smem_ptr(smem_ds), typename T::SmemLayoutPt{});
@@ -493,26 +516,35 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
         wgmma_issue<true>(mma_sdp, tSrK, tSrQ, acc_s);
         wgmma_issue<true>(mma_sdp, tSrV, tSrdO, acc_dp);
         under_first_gemms();
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(acc_s);
-        warpgroup_fence_operand(acc_dp);
-        softmax_grad_step(acc_s, acc_dp, cute::true_type{});
+        if constexpr (T::kExpUnderDp) {
+          warpgroup_wait<1>();
+          warpgroup_fence_operand(acc_s);
+          softmax_grad_step(acc_s, acc_dp, cute::false_type{});
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(acc_dp);
+          ds_from_p(acc_s, acc_dp);
+        } else {
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(acc_s);
+          warpgroup_fence_operand(acc_dp);
+          softmax_grad_step(acc_s, acc_dp, cute::true_type{});
+        }
         convert_pairs(acc_s, pt_frag);
+        if constexpr (kLateDk) {  // dV first, under dS^T's conversion and store
+          warpgroup_fence_operand(tdVrPt);
+          wgmma_issue<false>(mma_dkv, tdVrPt, tdVrdOt, acc_dv);
+        }
         convert_pairs(acc_dp, dst_frag);
         copy(ds_store, thr_ds_store.retile_S(dst_frag), tdSsdSt);
         fence_smem_for_async_proxy();  // the generic-proxy dS stores, before wgmma reads them
-        warpgroup_fence_operand(tdVrPt);
-        wgmma_issue<false>(mma_dkv, tdVrPt, tdVrdOt, acc_dv);
-        warpgroup_fence_operand(tdKrdSt);
-        wgmma_issue<false>(mma_dkv, tdKrdSt, tdKrQt, acc_dk);
-      }
-      if constexpr (!T::kOverlapDkvDq) {
-        warpgroup_wait<0>();
-        if constexpr (!T::kSplitHeadDim) {  // P^T and dS^T die here, before the dQ accumulators
+        if constexpr (!kLateDk) {
           warpgroup_fence_operand(tdVrPt);
+          wgmma_issue<false>(mma_dkv, tdVrPt, tdVrdOt, acc_dv);
           warpgroup_fence_operand(tdKrdSt);
+          wgmma_issue<false>(mma_dkv, tdKrdSt, tdKrQt, acc_dk);
         }
       }
+      if constexpr (!T::kOverlapDkvDq && T::kSplitHeadDim) warpgroup_wait<0>();
       // The last step's dQ reductions have read their buffer before anyone rewrites it (below, after this barrier).
       if constexpr (T::kDqBulk && !T::kSplitHeadDim) {
         if (tidx % 128 == 0 && (T::kDecoupled || tidx == 0)) bulk_wait_read();
@@ -525,14 +557,22 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
       } else {
         wgmma_issue<true>(mma_dq, desc_dq.partition_fragment_A(sdS), tdQrKt, acc_dq);
       }
+      if constexpr (kLateDk) {  // dV done (dQ may still run), then dK, which runs on under dQ's store
+        warpgroup_wait<1>();
+        warpgroup_fence_operand(tdVrPt);
+        warpgroup_fence_operand(tdKrdSt);
+        wgmma_issue<false>(mma_dkv, tdKrdSt, tdKrQt, acc_dk);
+      }
       if constexpr (T::kDecoupled) load_next();  // the buffer's last readers, the step before's GEMMs, are done
-      warpgroup_wait<0>();  // with the overlap, the dK/dV wgmmas too: they have read their registers and Q/dO
+      // With the overlap, the dK/dV wgmmas too: they have read their registers and Q/dO. Late dK: dQ only.
+      if constexpr (kLateDk) warpgroup_wait<1>();
+      else warpgroup_wait<0>();
       if constexpr (!T::kSplitHeadDim && T::kOverlapDkvDq) {
         warpgroup_fence_operand(tdVrPt);
         warpgroup_fence_operand(tdKrdSt);
       }
       warpgroup_fence_operand(acc_dv);
-      warpgroup_fence_operand(acc_dk);
+      if constexpr (!kLateDk) warpgroup_fence_operand(acc_dk);  // late: once its wgmma is waited for
       warpgroup_fence_operand(acc_dq);
       // dQ into the staging buffer (the generic-proxy stores fenced before the TMA reductions read them).
       auto stage_dq = [&](float* buf) {
@@ -574,6 +614,7 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
         continue;
       } else if constexpr (T::kDecoupled) {  // each warpgroup's half, sent under its next step's first GEMMs
         stage_dq(smem_dq);
+        finish_late_dk();
         named_barrier_sync(kDqHalfStaged + wg, 128);
         dq_pending = int(acc0 + row0);
         continue;
@@ -585,6 +626,7 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
         add_dq<T::kDeterministic, MaskBounds<T::kMask>::kLeft, kBlockN>(p, thr_dq.partition_C(gdQ), acc_dq,
                                                                         acc0 + row0, n_block, row0 + diag);
       }
+      finish_late_dk();
       __syncthreads();  // every warpgroup is done with Q, dO and dS before the next tile overwrites them
       if constexpr (T::kDqBulk) dq_pending = int(acc0 + row0);
     }
