@@ -18,7 +18,7 @@ from torch.nn.attention import sdpa_kernel
 from torch.profiler import ProfilerActivity, profile
 
 from flash_gen import flash_attn_func
-from flash_gen.bench import OWN_PEERS, PEERS, _fa4
+from flash_gen.bench import OWN_PEERS, PEERS, fa4_attention
 
 
 def print_kernel_times(name: str, step, rounds: int = 5) -> None:
@@ -56,7 +56,7 @@ def main() -> None:
 
     def peer() -> None:
         if args.peer in OWN_PEERS:
-            torch.autograd.grad(_fa4(q, k, v, args.causal), (q, k, v), dout)
+            torch.autograd.grad(fa4_attention(q, k, v, args.causal), (q, k, v), dout)
             return
         with sdpa_kernel(PEERS[args.peer]):
             out = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), is_causal=args.causal)

@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
             impl = functools.partial(_flash_gen_bwd_config, config=bwd_tilings.config_from_name(name), **scores)
         impls[f"fg:{name}"] = (contextlib.nullcontext, impl)
     impls.update({p: (functools.partial(sdpa_kernel, PEERS[p]), _sdpa) if p in PEERS else
-                  (contextlib.nullcontext, _fa4) for p in args.peers})
+                  (contextlib.nullcontext, fa4_attention) for p in args.peers})
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     l2_bytes = getattr(props, "L2_cache_size", 0)
     results = []
@@ -207,7 +207,7 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> to
     return out.transpose(1, 2)
 
 
-def _fa4(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+def fa4_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
     """FlashAttention-4's public function (same layout as flash_gen's); ImportError where it is not installed,
     which shows its column as n/a."""
     from flash_attn.cute import flash_attn_func
