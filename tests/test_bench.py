@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import itertools
 import shutil
 import time
 from datetime import datetime
+
+import pytest
 
 from flash_gen import bench
 from flash_gen.gpu_monitor import GpuMonitor, parse_samples
@@ -85,3 +88,25 @@ def test_windowed_shapes_count_the_visible_pairs():
     assert bench._runtime_scores(q, q, True, 0.0, (100, 7))["window_size"] == (100, 0)
     assert not bench._runtime_scores(q, q, True, 0.0, (100, 7))["causal"]
     assert bench._runtime_scores(q, q, True, 0.0, (-1, -1))["causal"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("flash_attn") is not None, reason="flash_attn is installed here")
+def test_a_peer_that_is_not_installed_shows_na_and_the_run_goes_on(monkeypatch):
+    """FlashAttention-4 is an optional peer: where flash-attn-4 is missing its column reads n/a (an error recorded
+    per cell), and the other implementations are still timed."""
+    monkeypatch.setattr(bench, "_input_sets", lambda shape, l2_bytes: [(None, None, None)])
+    monkeypatch.setattr(bench, "_max_abs_diff", lambda qkv, causal: None)
+    monkeypatch.setattr(bench.torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(bench, "preheat", lambda fn: None)
+    impls = {"flash_gen": (contextlib.nullcontext, lambda q, k, v, causal: None),
+             "fa4": (contextlib.nullcontext, bench.fa4_attention)}
+    row = bench._bench_shape(bench.Shape(64, False, 128, 1, 1, "bf16"), impls, lambda fn: (fn(), 1.0)[1], repeats=2,
+                             l2_bytes=0)
+    assert row["ms"] == {"flash_gen": 1.0, "fa4": None}
+    assert row["errors"]["fa4"].startswith(("ModuleNotFoundError", "ImportError"))
+
+
+def test_unknown_peers_are_refused_with_the_choices(capsys):
+    args = bench.argparse.Namespace(peers=("cudnn", "fa5"), softcap=0.0, window=(-1, -1))
+    assert bench.run(args) == 2
+    assert "unknown ['fa5']; choose from ['flash', 'cudnn', 'fa4']" in capsys.readouterr().err
