@@ -22,4 +22,9 @@ for r in $(seq 1 "$rounds"); do
     python3 -m flash_gen.cli bench "$@" --json "$OUT/ab_new_$r.json" > "$OUT/ab_new_$r.log" 2>&1 \
     || echo "new, round $r: failed (see $OUT/ab_new_$r.log)"
 done
-python3 benchmarks/ab_table.py "$OUT"/ab_base_*.json --new "$OUT"/ab_new_*.json
+if compgen -G "$OUT/ab_base_*.json" > /dev/null && compgen -G "$OUT/ab_new_*.json" > /dev/null; then
+  python3 benchmarks/ab_table.py "$OUT"/ab_base_*.json --new "$OUT"/ab_new_*.json
+else
+  echo "no records from one of the trees: nothing to compare"
+  exit 1
+fi
