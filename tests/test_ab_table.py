@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "ab_table.py"
+from script_module import load_script
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("ab_table", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/ab_table.py")
 
 
 def _record(fg: float, forced: float | None, mhz: float | None, extra_cell: bool = False) -> dict:

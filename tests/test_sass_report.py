@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
+from script_module import load_script
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "sass_report.py"
 
 LISTING = """
         /*0000*/                   LDC R1, c[0x0][0x28] ;                     /* 0x00000a00ff017b82 */
@@ -21,10 +19,7 @@ LISTING = """
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("sass_report", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/sass_report.py")
 
 
 def test_census_counts_opcodes_and_wgmma_shapes():

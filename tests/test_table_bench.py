@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "table_bench.py"
+from script_module import load_script
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("table_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/table_bench.py")
 
 
 def _row(causal: bool, fg: float, cudnn: float | None, mhz: list, watts: list) -> dict:
