@@ -194,6 +194,10 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kD = T::kHeadDim;
   // Split or decoupled bulk dQ: the named barrier of each warpgroup's staged half (id kDqHalfStaged + warpgroup).
   constexpr int kDqHalfStaged = 1;
+  constexpr int kSdpIssued = 3;  // late dK: warpgroup 0's S^T and dP^T are issued (below)
+  // Without the overlap (unsplit): dV issued before the dS barrier, dK after the dQ GEMM, running on under dQ's
+  // store until the step's end (FlashAttention-4's order).
+  constexpr bool kLateDk = !T::kOverlapDkvDq && !T::kSplitHeadDim;
   // Split bulk dQ: the next tile's Q and dO are loaded once the last step's halves have been read from the buffers
   // that load refills, after the step's softmax rather than under its first GEMMs; decoupled: after the dS barrier.
   constexpr bool kLateLoad = (T::kDqBulk && T::kSplitHeadDim) || T::kDecoupled;
@@ -448,9 +452,6 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
       Tensor dst_frag = make_tensor<Element>(pt_frag.layout());
       Tensor tdVrPt = make_tensor(pt_frag.data(), gmma_acc_as_a(pt_frag.layout()));
       Tensor tdKrdSt = make_tensor(dst_frag.data(), gmma_acc_as_a(dst_frag.layout()));
-      // Without the overlap (unsplit): dV issued before the dS barrier, dK after the dQ GEMM, running on under dQ's
-      // store until the step's end (FlashAttention-4's order).
-      constexpr bool kLateDk = !T::kOverlapDkvDq && !T::kSplitHeadDim;
       auto finish_late_dk = [&] {
         if constexpr (kLateDk) {
           warpgroup_wait<0>();
@@ -513,8 +514,17 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
       } else {
         Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
         Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
+        // Late dK: warpgroup 1 issues its S^T and dP^T once warpgroup 0 has issued its own (a wgmma's issue returns
+        // about when the tensor cores take it), so the tensor cores run the two warpgroups' GEMMs one after the
+        // other rather than interleaved: warpgroup 0's softmax then runs under warpgroup 1's GEMMs, and its dV under
+        // warpgroup 1's softmax, instead of both softmaxes at once with the tensor cores idle. (fwd+bwd +2-4% at head
+        // dim 128; with the dK/dV overlap, which issues dV after the dS barrier, -1..-2%: H200, 2026-12-04,
+        // docs/hopper_backward.md.) Warpgroup 0 syncs rather than arrives (warpgroup 1 is waiting already): with an
+        // arrive, racecheck reported hazards across the epilogue's block barrier.
+        if (kLateDk && wg == 1) named_barrier_sync(kSdpIssued, 256);
         wgmma_issue<true>(mma_sdp, tSrK, tSrQ, acc_s);
         wgmma_issue<true>(mma_sdp, tSrV, tSrdO, acc_dp);
+        if (kLateDk && wg == 0) named_barrier_sync(kSdpIssued, 256);
         under_first_gemms();
         if constexpr (T::kExpUnderDp) {
           warpgroup_wait<1>();
