@@ -518,7 +518,7 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
         // about when the tensor cores take it), so the tensor cores run the two warpgroups' GEMMs one after the
         // other rather than interleaved: warpgroup 0's softmax then runs under warpgroup 1's GEMMs, and its dV under
         // warpgroup 1's softmax, instead of both softmaxes at once with the tensor cores idle. (fwd+bwd +2-4% at head
-        // dim 128; with the dK/dV overlap, which issues dV after the dS barrier, -1..-2%: H200, 2026-12-04,
+        // dim 128; in the dK/dV overlap tilings -1..-2%, not yet understood: H200, 2026-12-04,
         // docs/hopper_backward.md.) Warpgroup 0 syncs rather than arrives (warpgroup 1 is waiting already): with an
         // arrive, racecheck reported hazards across the epilogue's block barrier.
         if (kLateDk && wg == 1) named_barrier_sync(kSdpIssued, 256);
