@@ -5,9 +5,10 @@ kernel is slow (how the 2026-11-30 Hopper forward work found per-element F2FP/PR
 
 For every cached kernel whose entry name matches the regular expression: the most frequent opcodes (static
 counts over the whole kernel), the wgmma shapes (HGMMA.MxNxK), local-memory traffic (LDL/STL: spills) and the
-wgmma waits (WARPGROUP.DEPBAR). With --spans, also the code between synchronisation points (wgmma waits and
-arrives, block barriers, mbarrier waits), in address order, with each span's length and commonest opcodes: where a
-step's instructions go (2026-12-02: 90 of the backward's 352 between the S^T wait and the dK/dV wgmmas were dS
+wgmma waits (WARPGROUP.DEPBAR), and how many batches the HGMMAs form (most HGMMAs each a batch of its own:
+serialised, which ptxas does not always report). With --spans, also the code between synchronisation points (wgmma
+waits and arrives, block barriers, mbarrier waits), in address order, with each span's length and commonest opcodes:
+where a step's instructions go (2026-12-02: 90 of the backward's 352 between the S^T wait and the dK/dV wgmmas were dS
 stores through generic addresses). Needs `cuobjdump` (and `nvdisasm`): on PATH, or the copy Triton's wheel carries
 (`pip install --target /tmp/tp --no-deps triton` puts it under /tmp/tp/triton/backends/nvidia/bin); without a GPU,
 the `nvidia-cuda-cuobjdump` and `nvidia-cuda-nvdisasm` wheels' nvidia/cu13/bin work too.
@@ -49,6 +50,19 @@ def census(sass: str) -> tuple[collections.Counter, collections.Counter]:
             if m.group(1) == "HGMMA":
                 shapes[(m.group(2) or "").split(".")[1]] += 1
     return ops, shapes
+
+
+def hgmma_batches(sass: str) -> tuple[int, int]:
+    """(HGMMAs, those that close a batch: marked gsb0, what WARPGROUP.DEPBAR waits on) of a listing."""
+    hgmma = [line for line in sass.splitlines() if (m := _OPCODE.match(line)) and m.group(1) == "HGMMA"]
+    return len(hgmma), sum("gsb0" in line for line in hgmma)
+
+
+def serialised(hgmmas: int, batches: int) -> bool:
+    """Whether ptxas made most HGMMAs a batch of their own, each waited for before the next: what its C7515 notice
+    reports, but it can also do so silently (2026-12-04: wgmmas in flight across a branch on the warpgroup, their
+    register A operands re-staged per k-block; docs/hopper_backward.md). The kernels' own batches hold 4-16 HGMMAs."""
+    return hgmmas >= 8 and 2 * batches > hgmmas
 
 
 _SYNC_POINTS = ("WARPGROUP", "BAR", "SYNCS")  # wgmma arrive/wait, named and block barriers, mbarrier waits
@@ -98,8 +112,10 @@ def main() -> int:
         print(f"{entry}: {sum(ops.values())} instructions, {meta.get('registers')} registers, "
               f"spill stores {meta.get('spill_stores')} B")
         print("  " + "  ".join(f"{op} {n}" for op, n in ops.most_common(args.top)))
-        print(f"  HGMMA shapes: {dict(shapes) or '-'}; LDL {ops['LDL']}, STL {ops['STL']}; "
-              f"WARPGROUP.DEPBAR/ARRIVE {ops['WARPGROUP']}")
+        hgmmas, batches = hgmma_batches(listing)
+        print(f"  HGMMA shapes: {dict(shapes) or '-'}, in {batches} batches"
+              f"{' (SERIALISED: most HGMMAs wait for the one before)' if serialised(hgmmas, batches) else ''}; "
+              f"LDL {ops['LDL']}, STL {ops['STL']}; WARPGROUP.DEPBAR/ARRIVE {ops['WARPGROUP']}")
         for address, opener, count, span_ops in spans(listing, args.spans) if args.spans else ():
             print(f"  {address:#07x} {opener:28s} {count:4d}: " + "  ".join(
                 f"{op} {n}" for op, n in span_ops.most_common(6)))
