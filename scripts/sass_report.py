@@ -9,9 +9,8 @@ wgmma waits (WARPGROUP.DEPBAR), and how many batches the HGMMAs form (most HGMMA
 serialised, which ptxas does not always report). With --spans, also the code between synchronisation points (wgmma
 waits and arrives, block barriers, mbarrier waits), in address order, with each span's length and commonest opcodes:
 where a step's instructions go (2026-12-02: 90 of the backward's 352 between the S^T wait and the dK/dV wgmmas were dS
-stores through generic addresses). Needs `cuobjdump` (and `nvdisasm`): on PATH, or the copy Triton's wheel carries
-(`pip install --target /tmp/tp --no-deps triton` puts it under /tmp/tp/triton/backends/nvidia/bin); without a GPU,
-the `nvidia-cuda-cuobjdump` and `nvidia-cuda-nvdisasm` wheels' nvidia/cu13/bin work too.
+stores through generic addresses). Needs `cuobjdump` (and `nvdisasm`) on PATH, or the `nvidia-cuda-cuobjdump` (and
+`nvidia-cuda-nvdisasm`) wheels or Triton's wheel installed where Python imports from (flash_gen.build.sass).
 """
 
 from __future__ import annotations
@@ -21,23 +20,11 @@ import collections
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-_OPCODE = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)(\.[A-Z0-9_.x]+)?")
-
-
-def _cuobjdump() -> str:
-    found = shutil.which("cuobjdump")
-    if found:
-        return found
-    for root in [*sys.path, "/tmp/tp"]:
-        candidate = Path(root) / "triton" / "backends" / "nvidia" / "bin" / "cuobjdump"
-        if candidate.exists():
-            return str(candidate)
-    raise SystemExit("cuobjdump not found: see this script's docstring")
+from flash_gen.build.sass import OPCODE as _OPCODE, cuobjdump, hgmma_batches, serialised
 
 
 def census(sass: str) -> tuple[collections.Counter, collections.Counter]:
@@ -50,19 +37,6 @@ def census(sass: str) -> tuple[collections.Counter, collections.Counter]:
             if m.group(1) == "HGMMA":
                 shapes[(m.group(2) or "").split(".")[1]] += 1
     return ops, shapes
-
-
-def hgmma_batches(sass: str) -> tuple[int, int]:
-    """(HGMMAs, those that close a batch: marked gsb0, what WARPGROUP.DEPBAR waits on) of a listing."""
-    hgmma = [line for line in sass.splitlines() if (m := _OPCODE.match(line)) and m.group(1) == "HGMMA"]
-    return len(hgmma), sum("gsb0" in line for line in hgmma)
-
-
-def serialised(hgmmas: int, batches: int) -> bool:
-    """Whether ptxas made most HGMMAs a batch of their own, each waited for before the next: what its C7515 notice
-    reports, but it can also do so silently (2026-12-04: wgmmas in flight across a branch on the warpgroup, their
-    register A operands re-staged per k-block; docs/hopper_backward.md). The kernels' own batches hold 4-16 HGMMAs."""
-    return hgmmas >= 8 and 2 * batches > hgmmas
 
 
 _SYNC_POINTS = ("WARPGROUP", "BAR", "SYNCS")  # wgmma arrive/wait, named and block barriers, mbarrier waits
@@ -97,7 +71,9 @@ def main() -> int:
     parser.add_argument("--spans", type=int, default=0, metavar="N",
                         help="also list the spans between synchronisation points of at least N instructions")
     args = parser.parse_args()
-    tool = _cuobjdump()
+    tool = cuobjdump()
+    if tool is None:
+        raise SystemExit("cuobjdump not found: see this script's docstring")
     found = 0
     for meta_path in sorted(args.cache.glob("*/*/*.json")):
         meta = json.loads(meta_path.read_text())

@@ -38,13 +38,3 @@ def test_spans_cut_before_each_synchronisation_point():
     ]
     assert [span[0] for span in _module().spans(LISTING, min_len=3)] == [0x30]
 
-
-def test_hgmma_batches_flag_serialised_wgmmas():
-    chain = "".join(f"        /*{i:04x}*/  HGMMA.64x128x16.F32.BF16 R24, R{152 + 4 * i}, gdesc[UR8].tnspB, R24"
-                    f"{', gsb0' if i == 4 else ''} ;\n" for i in range(5))
-    waited = "".join(f"        /*{i:04x}*/  HGMMA.64x128x16.F32.BF16 R24, R152, gdesc[UR8].tnspB, R24, gsb0 ;\n"
-                     f"        /*{i:04x}*/  WARPGROUP.DEPBAR.LE gsb0, 0x0 ;\n" for i in range(5))
-    m = _module()
-    assert m.hgmma_batches(chain * 2) == (10, 2) and not m.serialised(*m.hgmma_batches(chain * 2))
-    assert m.hgmma_batches(waited * 2) == (10, 10) and m.serialised(*m.hgmma_batches(waited * 2))
-    assert m.hgmma_batches(LISTING) == (1, 0)

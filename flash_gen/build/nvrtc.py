@@ -24,6 +24,7 @@ from typing import Sequence
 from cuda.bindings import nvrtc
 
 from flash_gen import errors, settings
+from flash_gen.build import sass
 
 ARCH_TARGETS = {"sm80": "sm_80", "sm90": "sm_90a", "sm100": "sm_100a"}
 
@@ -125,7 +126,8 @@ class CompileResult:
     stack_frame: int
     static_smem: int
     # ptxas C7515: wgmmas serialised (each waits for the previous), which costs a Hopper kernel ~20% (2026-11-30:
-    # accumulator registers written by ordinary instructions while a wgmma was in flight).
+    # accumulator registers written by ordinary instructions while a wgmma was in flight). Also set from the SASS
+    # where cuobjdump is installed (build/sass.py): ptxas does not always say so.
     wgmma_serialized: bool = False
 
     @property
@@ -159,7 +161,12 @@ def compile_many(source: str, entries: Sequence[str], arch: str, options: tuple[
         ptx = _get_bytes(prog, nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX, name, arch).rstrip(b"\0").decode()
     finally:
         _call(nvrtc.nvrtcDestroyProgram(prog), "nvrtcDestroyProgram", name, arch)
-    return [CompileResult(e, arch, cubin, ptx, log, **_parse_ptxas_report(log, e, arch)) for e in entries]
+    reports = [_parse_ptxas_report(log, e, arch) for e in entries]
+    listings = sass.functions(cubin) if arch == "sm90" else None  # HGMMA is sm_90a's
+    for e, report in zip(entries, reports):
+        if listings is not None and e in listings:  # what ptxas serialised without its notice
+            report["wgmma_serialized"] |= sass.serialised(*sass.hgmma_batches(listings[e]))
+    return [CompileResult(e, arch, cubin, ptx, log, **r) for e, r in zip(entries, reports)]
 
 
 def _call(result: tuple, name: str, entry: str, arch: str):
