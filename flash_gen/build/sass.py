@@ -2,10 +2,11 @@
 batches a kernel's HGMMAs form.
 
 ptxas reports serialising a kernel's wgmmas (its C7515 notice, read by build/nvrtc.py) in most cases but not all:
-with wgmmas in flight across a branch on the warpgroup it re-staged their register A operands per k-block and waited
-after every one without a word (2026-12-04, docs/hopper_backward.md). The listing shows it either way: most HGMMAs
-then close a batch of their own (marked gsb0, what WARPGROUP.DEPBAR waits on). Without cuobjdump (a CPU machine
-without the CUDA toolkit or its wheel) nothing is read. scripts/sass_report.py prints the same census by hand.
+with wgmmas in flight across a branch on the warpgroup (a decoupled backward tiling) it re-staged their register A
+operands per k-block and waited after every one without a word (2026-12-04, docs/hopper_backward.md). The listing
+shows it either way: most HGMMAs then close a batch of their own (marked gsb0, what WARPGROUP.DEPBAR waits on).
+Without cuobjdump (and the nvdisasm it runs: a CPU machine without the CUDA toolkit or their wheels) nothing is
+read. scripts/sass_report.py prints the same census by hand.
 
 Must not import torch or anything under flash_gen.runtime.
 """
@@ -47,7 +48,10 @@ def functions(cubin: bytes) -> dict[str, str] | None:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        run = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True)
+        try:
+            run = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, timeout=120)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
     if run.returncode:
         return None
     parts = _FUNCTION.split(run.stdout)  # [preamble, name, listing, name, listing, ...]
