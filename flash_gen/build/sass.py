@@ -14,6 +14,7 @@ Must not import torch or anything under flash_gen.runtime.
 from __future__ import annotations
 
 import functools
+import os
 import re
 import shutil
 import subprocess
@@ -48,8 +49,11 @@ def functions(cubin: bytes) -> dict[str, str] | None:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
+        env = dict(os.environ)
+        if (Path(tool).parent / "nvdisasm").is_file():  # a wheel's or Triton's pair, not on PATH
+            env["NVDISASM_PATH"] = str(Path(tool).parent)
         try:
-            run = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, timeout=120)
+            run = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, timeout=120, env=env)
         except (OSError, subprocess.TimeoutExpired):
             return None
     if run.returncode:
