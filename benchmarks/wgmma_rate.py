@@ -119,7 +119,7 @@ VARIANTS = [(n, g, w) for n in (80, 128) for g, w in ((1, 1), (2, 1), (2, 0))]
 
 class RateParams(ctypes.Structure):
     _fields_ = [("sink", ctypes.c_void_p), ("cycles", ctypes.c_void_p), ("iters", ctypes.c_int),
-                ("active", ctypes.c_int)]
+                ("mode", ctypes.c_int)]
 
 
 def entry(n: int, g: int, w: int) -> str:

@@ -20,11 +20,10 @@ import collections
 import json
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
-from flash_gen.build.sass import OPCODE as _OPCODE, cuobjdump, hgmma_batches, serialised
+from flash_gen.build.sass import OPCODE as _OPCODE, cuobjdump, functions, hgmma_batches, serialised
 
 
 def census(sass: str) -> tuple[collections.Counter, collections.Counter]:
@@ -71,10 +70,10 @@ def main() -> int:
     parser.add_argument("--spans", type=int, default=0, metavar="N",
                         help="also list the spans between synchronisation points of at least N instructions")
     args = parser.parse_args()
-    tool = cuobjdump()
-    if tool is None:
+    if cuobjdump() is None:
         raise SystemExit("cuobjdump not found: see this script's docstring")
     found = 0
+    listings: dict[Path, dict[str, str]] = {}  # by cubin: kernels of one batch share it
     for meta_path in sorted(args.cache.glob("*/*/*.json")):
         meta = json.loads(meta_path.read_text())
         entry = meta.get("entry", "")
@@ -82,8 +81,11 @@ def main() -> int:
             continue
         found += 1
         cubin = args.cache / meta.get("cubin_file", meta_path.with_suffix(".cubin").relative_to(args.cache))
-        listing = subprocess.run([tool, "-sass", "-fun", entry, str(cubin)], capture_output=True, text=True,
-                                 check=True).stdout
+        if cubin not in listings:
+            listings[cubin] = functions(cubin.read_bytes()) or {}
+        if entry not in listings[cubin]:
+            raise SystemExit(f"cuobjdump gave no listing of {entry} in {cubin}")
+        listing = listings[cubin][entry]
         ops, shapes = census(listing)
         print(f"{entry}: {sum(ops.values())} instructions, {meta.get('registers')} registers, "
               f"spill stores {meta.get('spill_stores')} B")

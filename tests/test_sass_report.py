@@ -37,4 +37,3 @@ def test_spans_cut_before_each_synchronisation_point():
         (0x70, "BAR.SYNC.DEFER_BLOCKING", 2, {"BAR": 1, "EXIT": 1}),
     ]
     assert [span[0] for span in _module().spans(LISTING, min_len=3)] == [0x30]
-
