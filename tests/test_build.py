@@ -136,8 +136,8 @@ def test_second_get_or_compile_is_a_hit(monkeypatch, cache_dir):
     again, meta2 = cache.get_or_compile(PLAIN_SOURCE, "fg_plain", "sm80")
     assert len(calls) == 1 and again == cubin and meta2 == meta
     assert meta["cubin_sha256"] == hashlib.sha256(cubin).hexdigest() and meta["registers"] > 0
-    key = cache.cache_key(PLAIN_SOURCE, "fg_plain", "sm80")
-    assert (cache_dir / "sm80" / key[:2] / f"{key}.cubin").read_bytes() == cubin
+    sha = meta["cubin_sha256"]
+    assert meta["cubin_file"] == f"sm80/{sha[:2]}/{sha}.cubin" and (cache_dir / meta["cubin_file"]).read_bytes() == cubin
     assert cache.lookup(PLAIN_SOURCE, "fg_plain", "sm80") == (cubin, meta)
     assert cache.info()["entries"] == {"sm80": 1, "sm90": 0, "sm100": 0}
     cache.clear()
@@ -166,9 +166,8 @@ def test_compile_is_logged_once_with_its_reason(monkeypatch, caplog):
 def test_corrupt_entry_is_reported_and_rebuilt(monkeypatch):
     calls = []
     monkeypatch.setattr(nvrtc, "compile_source", lambda *a: calls.append(a) or fake_result(a[1], a[2]))
-    cubin, _ = cache.get_or_compile("src", "k", "sm90")
-    key = cache.cache_key("src", "k", "sm90")
-    path = settings.cache_dir() / "sm90" / key[:2] / f"{key}.cubin"
+    cubin, meta = cache.get_or_compile("src", "k", "sm90")
+    path = settings.cache_dir() / meta["cubin_file"]
     path.write_bytes(cubin[:5])  # truncated
     with pytest.warns(RuntimeWarning, match="corrupt cache entry"):
         again, meta = cache.get_or_compile("src", "k", "sm90")
@@ -177,14 +176,20 @@ def test_corrupt_entry_is_reported_and_rebuilt(monkeypatch):
 
 
 def test_kernels_stored_together_share_one_cubin_file(monkeypatch):
-    """store_many writes a batch's cubin once; the other entries point at it, and a damaged shared file is
-    caught (sha256) for every entry that uses it."""
+    """store_many writes a batch's cubin once, named by its sha256, and every entry points at it; a damaged
+    shared file is caught (sha256) for every entry that uses it. Compiling one of those kernels again in another
+    batch leaves the first batch's file alone (it once overwrote it, breaking the other entries)."""
     shared = b"\x7fELF one cubin, two kernels"
     results = [nvrtc.CompileResult(e, "sm90", shared, "", "", 8, 0, 0, 0, 0) for e in ("a", "b")]
     metas = cache.store_many([("src a", results[0]), ("src b", results[1])], "sm90", (), 1.0)
-    assert "cubin_file" not in metas[0] and metas[1]["cubin_file"].endswith(".cubin")
+    assert metas[0]["cubin_file"] == metas[1]["cubin_file"] == f"sm90/{metas[0]['cubin_sha256'][:2]}/" \
+                                                              f"{metas[0]['cubin_sha256']}.cubin"
     assert [p.name for p in settings.cache_dir().rglob("*.cubin")] == [Path(metas[1]["cubin_file"]).name]
     assert cache.lookup("src b", "b", "sm90") == (shared, metas[1])
+    other = b"\x7fELF a and c compiled together"
+    results = [nvrtc.CompileResult(e, "sm90", other, "", "", 8, 0, 0, 0, 0) for e in ("a", "c")]
+    cache.store_many([("src a", results[0]), ("src c", results[1])], "sm90", (), 1.0)
+    assert cache.lookup("src a", "a", "sm90")[0] == other and cache.lookup("src b", "b", "sm90") == (shared, metas[1])
     (settings.cache_dir() / metas[1]["cubin_file"]).write_bytes(b"garbage")
     with pytest.warns(RuntimeWarning, match="corrupt cache entry"):
         assert cache.lookup("src b", "b", "sm90") is None

@@ -1,9 +1,12 @@
 """The content-addressed on-disk cubin cache: compile a kernel once per (source, compiler, flags) and reuse
 it across processes.
 
-An entry is `<cache_dir>/<arch>/<key[:2]>/<key>.cubin` plus `<key>.json` (metadata, including the cubin's
-sha256). Files are written to a temp file and renamed, the cubin before the json, so a reader sees either
-no entry or a whole one; writers of one key serialise on `<key>.lock` (flock) and look again once they hold
+An entry is `<cache_dir>/<arch>/<key[:2]>/<key>.json` (metadata) naming its cubin, stored once by content as
+`<cache_dir>/<arch>/<sha[:2]>/<sha>.cubin` (sha: the cubin's sha256), so the kernels compiled together share one
+file and writing a cubin never replaces bytes another entry reads. (Until 2026-12-04 a batch's cubin lay at its
+first entry's `<key>.cubin`, which a later compile of that entry in another batch overwrote, leaving the rest of
+the first batch corrupt; entries without a `cubin_file` still read `<key>.cubin`.) Files are written to a temp
+file and renamed, the cubin before the json, so a reader sees either no entry or a whole one; writers of one key serialise on `<key>.lock` (flock) and look again once they hold
 it, so N processes asking for the same kernel compile it once. A cubin whose hash does not match its json
 is reported once and rebuilt.
 
@@ -148,25 +151,26 @@ def store_many(
 ) -> list[dict]:
     """Store kernels compiled together (nvrtc.compile_many: one cubin holding every entry), each under the key
     of its own single-variant `source`, so the runtime's lookups find them. The shared cubin is written once,
-    with the first entry; the others name that file in their metadata (no copies, no links: the cache folder
+    under its sha256, and every entry names that file in its metadata (no copies, no links: the cache folder
     can be copied or packed as it is)."""
     options = tuple(options)
     metas: list[dict] = []
-    first: Path | None = None
     for source, result in compiled:
         ent = _Entry(arch, cache_key(source, result.entry, arch, options))
         ent.folder.mkdir(parents=True, exist_ok=True)
         with _locked(ent.lock):
-            metas.append(_write(ent, result, options, seconds, shared=first))
-        first = first or ent.cubin
+            metas.append(_write(ent, result, options, seconds))
     return metas
 
 
-def _write(
-    ent: "_Entry", result: nvrtc.CompileResult, options: tuple[str, ...], seconds: float, shared: Path | None = None
-) -> dict:
-    """Write cubin then metadata (the json last: readers treat its absence as a miss). Caller holds the lock.
-    With `shared` (a cache file holding the same cubin bytes) the metadata points there instead."""
+def _write(ent: "_Entry", result: nvrtc.CompileResult, options: tuple[str, ...], seconds: float) -> dict:
+    """Write the cubin (under its sha256, unless a kernel compiled with it already did) then the metadata (the
+    json last: readers treat its absence as a miss). Caller holds the entry's lock."""
+    sha = hashlib.sha256(result.cubin).hexdigest()
+    cubin = ent.folder.parent / sha[:2] / f"{sha}.cubin"
+    if not _holds(cubin, result.cubin):  # same name, same bytes: a concurrent writer's rename is as good as ours
+        cubin.parent.mkdir(parents=True, exist_ok=True)
+        _atomic_write(cubin, result.cubin)
     meta = {
         "entry": result.entry,
         "arch": result.arch,
@@ -180,14 +184,11 @@ def _write(
         "wgmma_serialized": result.wgmma_serialized,
         "nvrtc_version": "%d.%d" % nvrtc.nvrtc_version(),
         "options": nvrtc.compile_options_fingerprint(result.arch, options),
-        "cubin_sha256": hashlib.sha256(result.cubin).hexdigest(),
+        "cubin_sha256": sha,
+        "cubin_file": cubin.relative_to(settings.cache_dir()).as_posix(),
         "compile_seconds": round(seconds, 3),
         "created": time.time(),
     }
-    if shared is None:
-        _atomic_write(ent.cubin, result.cubin)
-    else:
-        meta["cubin_file"] = shared.relative_to(settings.cache_dir()).as_posix()
     _atomic_write(ent.meta, json.dumps(meta, indent=1).encode())
     return meta
 
@@ -225,6 +226,14 @@ def _locked(path: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # closing the descriptor releases the lock
+
+
+def _holds(path: Path, data: bytes) -> bool:
+    """Whether `path` exists with exactly `data` (a damaged content-named cubin is rewritten, not trusted)."""
+    try:
+        return path.read_bytes() == data
+    except OSError:
+        return False
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
