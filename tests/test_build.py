@@ -137,7 +137,8 @@ def test_second_get_or_compile_is_a_hit(monkeypatch, cache_dir):
     assert len(calls) == 1 and again == cubin and meta2 == meta
     assert meta["cubin_sha256"] == hashlib.sha256(cubin).hexdigest() and meta["registers"] > 0
     sha = meta["cubin_sha256"]
-    assert meta["cubin_file"] == f"sm80/{sha[:2]}/{sha}.cubin" and (cache_dir / meta["cubin_file"]).read_bytes() == cubin
+    assert meta["cubin_file"] == f"sm80/{sha[:2]}/{sha}.cubin"
+    assert (cache_dir / meta["cubin_file"]).read_bytes() == cubin
     assert cache.lookup(PLAIN_SOURCE, "fg_plain", "sm80") == (cubin, meta)
     assert cache.info()["entries"] == {"sm80": 1, "sm90": 0, "sm100": 0}
     cache.clear()

@@ -6,9 +6,9 @@ An entry is `<cache_dir>/<arch>/<key[:2]>/<key>.json` (metadata) naming its cubi
 file and writing a cubin never replaces bytes another entry reads. (Until 2026-12-04 a batch's cubin lay at its
 first entry's `<key>.cubin`, which a later compile of that entry in another batch overwrote, leaving the rest of
 the first batch corrupt; entries without a `cubin_file` still read `<key>.cubin`.) Files are written to a temp
-file and renamed, the cubin before the json, so a reader sees either no entry or a whole one; writers of one key serialise on `<key>.lock` (flock) and look again once they hold
-it, so N processes asking for the same kernel compile it once. A cubin whose hash does not match its json
-is reported once and rebuilt.
+file and renamed, the cubin before the json, so a reader sees either no entry or a whole one; writers of one key
+serialise on `<key>.lock` (flock) and look again once they hold it, so N processes asking for the same kernel
+compile it once. A cubin whose hash does not match its json is reported once and rebuilt.
 
 Must not import torch or anything under flash_gen.runtime.
 """
@@ -111,7 +111,7 @@ def lookup(source: str, entry: str, arch: str, options: tuple[str, ...] = ()) ->
     ent = _Entry(arch, cache_key(source, entry, arch, options))
     hit, problem = ent.read()
     if problem:
-        _report(ent.cubin, problem)
+        _report(ent.meta, problem)
     return hit
 
 
@@ -125,7 +125,7 @@ def get_or_compile(source: str, entry: str, arch: str, options: tuple[str, ...] 
     if hit:
         return hit
     if problem:
-        _report(ent.cubin, problem)
+        _report(ent.meta, problem)
     if settings.no_jit():
         raise errors.KernelNotAvailable(f"{entry} for {arch} (cache key {key[:16]})", str(settings.cache_dir()))
     ent.folder.mkdir(parents=True, exist_ok=True)
