@@ -184,6 +184,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
     """A kernel key's default and tuned tilings, and what the library holds for it."""
     from flash_gen import tuned
     from flash_gen.build import library
+    from flash_gen.gen import render
 
     key = spec_bwd.bwd_key_from_name(args.key) if args.key.startswith("bwd") else spec.key_from_name(args.key)
     chain = spill_free.chain(key)
@@ -201,9 +202,11 @@ def _cmd_info(args: argparse.Namespace) -> int:
         stale = "" if tuned.tuned_config(key, bucket) else f" (stale: tuned against {e.default_config}, unused)"
         print(f"  tuned {bucket}: {e.config}{source}{stale} {e.ms:.3f} ms vs default {e.default_ms:.3f} ms "
               f"({e.speedup:.2f}x) on {e.gpu}, {e.date}")
+    tilings = bwd_tilings if isinstance(key, spec_bwd.BwdKey) else fwd_tilings
     for lib in library.installed(key.arch):
-        for r in lib.records.values():
-            if r.key == key.name:
+        for r in lib.records.values():  # the kernels that would serve this key (render.kernel_key)
+            if r.key in (key.name, computed and computed.name) and \
+                    r.entry == render.entry_name(key, tilings.config_from_name(r.config)):
                 print(f"  library {lib.root}: {r.config} registers={r.registers} spills={r.spills} smem={r.smem} "
                       f"threads={r.threads}")
     return 0

@@ -92,6 +92,13 @@ def sm90_head_dim(key: FwdKey) -> int:
     return NEARER_HEAD_DIMS.get(d, -(-d // 64) * 64)
 
 
+def sm90_computed_key(key: FwdKey) -> FwdKey:
+    """`key` at the head dim its Hopper forward kernel computes (sm90_head_dim). The kernel's code depends on that
+    head dim alone (TMA zero-fills the columns past the tensors' on load and drops them on store), so this key's
+    kernel serves `key`: 72 runs 80's, 112 runs 128's."""
+    return replace(key, head_dim=sm90_head_dim(key))
+
+
 def sm90_box_cols(head_dim: int) -> int:
     """Columns of a TMA box and of a shared-memory swizzle row for a computed head dim (sm90_head_dim): 64
     (128-byte swizzle) where they divide it, else 32 (64-byte) or 16 (32-byte). The kernel's kBoxCols."""

@@ -91,6 +91,23 @@ def test_cli_info_names_default_and_tuned_tilings(capsys, monkeypatch):
     assert "tuned s<=4k: wgm128n80s2 (head dim 256's entry) " in capsys.readouterr().out
 
 
+def test_cli_info_lists_the_library_kernels_that_serve_a_key(capsys, monkeypatch, tmp_path):
+    from flash_gen import cli
+
+    key72, key80 = FwdKey("sm90", "bf16", 72, "causal"), FwdKey("sm90", "bf16", 80, "causal")
+    hopper, portable = fwd_tilings.default_config(key80), fwd_tilings.portable_config(key80)
+    lib = library.Library(tmp_path)
+    for cfg, registers in ((hopper, 168), (portable, 255)):
+        entry = render.entry_name(key80, cfg)
+        lib.records[("sm90", entry)] = library.Record(entry, "sm90", key80.name, cfg.name, "src", "c", "0", registers,
+                                                      0, 1024, cfg.num_threads)
+    monkeypatch.setattr(library, "installed", lambda arch: (lib,))
+    assert cli.main(["info", key72.name]) == 0
+    out = capsys.readouterr().out
+    # head dim 72's Hopper kernel is 80's (render.kernel_key); its portable kernel is its own
+    assert f"library {tmp_path}: {hopper.name} registers=168" in out and f": {portable.name} registers" not in out
+
+
 def test_wheel_installs_and_is_discovered_in_a_fresh_venv(tmp_path, monkeypatch, helpers_only):
     import os
     import subprocess

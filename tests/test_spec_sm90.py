@@ -129,6 +129,25 @@ def test_head_dims_compute_exactly_in_multiples_of_32_and_at_16_48_80(monkeypatc
     assert not needs_extended_wgmma(FwdKey("sm90", "bf16", 96), Sm90FwdConfig())
 
 
+def test_head_dims_computed_as_another_run_that_head_dims_kernel():
+    from flash_gen.gen import render
+
+    cfg = sm90_config_from_name("wgm192n112s2p")
+    key72, key80 = FwdKey("sm90", "bf16", 72, "causal"), FwdKey("sm90", "bf16", 80, "causal")
+    # the same source and symbol, so the library's (or the cache's) head dim 80 kernel serves head dim 72
+    assert render.entry_name(key72, cfg) == render.entry_name(key80, cfg) == f"flash_gen_{key80.name}__{cfg.name}"
+    assert render.render_many([(key72, cfg)]) == render.render_many([(key80, cfg)])
+    assert render.kernel_key(FwdKey("sm90", "fp16", 112), Sm90FwdConfig()) == FwdKey("sm90", "fp16", 128)
+    # one kernel per translation unit and batch, however many keys share it
+    both = [(key72, cfg), (key80, cfg)]
+    assert render.render_many(both).count(f"{render.entry_name(key80, cfg)}(") == 1
+    assert batches.plan_batches(both, jobs=2) == [[(key72, cfg)]]
+    # the portable kernels specialise every head dim exactly
+    portable = fwd_tilings.default_config(FwdKey("sm80", "bf16", 72))
+    assert render.entry_name(FwdKey("sm80", "bf16", 72), portable) != render.entry_name(FwdKey("sm80", "bf16", 80),
+                                                                                         portable)
+
+
 def test_renders_and_compiles_without_spills_on_wgmma(tmp_path, monkeypatch):
     monkeypatch.setenv("FLASH_GEN_CACHE_DIR", str(tmp_path))
     variants = [(FwdKey("sm90", "bf16", 128, "causal"), Sm90FwdConfig()),

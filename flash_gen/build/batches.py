@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from flash_gen import spec, spec_bwd, spec_sm90
+from flash_gen.gen.render import entry_name, kernel_key, render_many
 
 
 @dataclass
@@ -36,7 +37,6 @@ def compile_batch(variants: Sequence[tuple]) -> list[Compiled]:
     raised, so one broken batch never hides the report of the others."""
     from flash_gen.build import cache
     from flash_gen.build.nvrtc import compile_many
-    from flash_gen.gen.render import entry_name, render_many
 
     entries = [entry_name(key, cfg) for key, cfg in variants]
     arch = variants[0][0].arch
@@ -62,8 +62,11 @@ def plan_batches(variants: list[tuple], jobs: int) -> list[list]:
     instantiations: 24 kernels compile in about 2.5x the time of one), splitting groups until every worker has
     one, and capping a group at 24 kernels."""
     groups: dict[tuple, list] = {}
-    for key, cfg in variants:
-        groups.setdefault((type(key), type(cfg), key.arch, key.head_dim), []).append((key, cfg))
+    kernels: dict[str, tuple] = {}
+    for key, cfg in variants:  # keys sharing a kernel (render.kernel_key) compile it once
+        kernels.setdefault(entry_name(key, cfg), (key, cfg))
+    for key, cfg in kernels.values():
+        groups.setdefault((type(key), type(cfg), key.arch, kernel_key(key, cfg).head_dim), []).append((key, cfg))
     batches = [g[i : i + 24] for g in groups.values() for i in range(0, len(g), 24)]
     while len(batches) < jobs and any(len(b) > 1 for b in batches):
         largest = max(batches, key=len)

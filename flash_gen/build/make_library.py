@@ -87,7 +87,8 @@ def build(archs: tuple[str, ...], out: Path, jobs: int, progress: Callable[[str]
                         if c.result is None:
                             raise RuntimeError(f"{c.entry}: {c.error}")
                         smem, threads = _launch_shape(c.key, c.cfg)
-                        _add(lib, arch, c.entry, c.key.name, c.cfg.name, keys[c.entry], c.result, smem, threads)
+                        _add(lib, arch, c.entry, render.kernel_key(c.key, c.cfg).name, c.cfg.name, keys[c.entry],
+                             c.result, smem, threads)
                         compiled += 1
                     progress(f"  {batch[0].key.name} ... ({len(batch)} kernels)")
             pending = spill_free.fallbacks(v for v in pending if lib.records[(arch, render.entry_name(*v))].spills)

@@ -24,6 +24,7 @@ from flash_gen.spec_bwd_sm90 import (
 from flash_gen.spec_sm90 import (
     Sm90FwdConfig,
     needs_extended_wgmma,
+    sm90_computed_key,
     sm90_head_dim,
     sm90_infeasible_reason,
     sm90_o_in_v,
@@ -48,9 +49,16 @@ def _env() -> jinja2.Environment:
     )
 
 
+def kernel_key(key: FwdKey | BwdKey, cfg: FwdConfig | BwdConfig) -> FwdKey | BwdKey:
+    """The key whose kernel serves `key` under `cfg`: for the Hopper forward, that of the head dim it computes
+    (spec_sm90.sm90_computed_key), so 72 runs 80's kernel, from the library where it is there, rather than
+    compiling a copy of it under its own name."""
+    return sm90_computed_key(key) if isinstance(cfg, Sm90FwdConfig) else key
+
+
 def entry_name(key: FwdKey | BwdKey, cfg: FwdConfig | BwdConfig) -> str:
-    """The kernel's extern "C" symbol: key and config names joined, unique per variant."""
-    return f"flash_gen_{key.name}__{cfg.name}"
+    """The kernel's extern "C" symbol: the kernel key's and config's names joined, unique per kernel."""
+    return f"flash_gen_{kernel_key(key, cfg).name}__{cfg.name}"
 
 
 def render_fwd(key: FwdKey, cfg: FwdConfig) -> str:
@@ -107,7 +115,8 @@ def render_bwd_sm90_many(variants: Sequence[tuple[BwdKey, Sm90BwdConfig]]) -> st
 def _items(variants: Sequence[tuple], infeasible: Callable, extra: Callable) -> list[dict]:
     """Template values of each (key, config): the fields every kernel template uses plus `extra(key, cfg)`."""
     items = []
-    for i, (key, cfg) in enumerate(variants):
+    kernels = {entry_name(key, cfg): (kernel_key(key, cfg), cfg) for key, cfg in variants}  # each kernel once
+    for i, (key, cfg) in enumerate(kernels.values()):
         why = infeasible(key, cfg)
         if why is not None:
             raise ValueError(f"{cfg.name} cannot be built for {key.name}: {why}")

@@ -6,7 +6,6 @@ Must not import torch or optuna.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 from collections.abc import Iterator
@@ -112,7 +111,7 @@ def computed_key(key):
     """The key of the head dim a Hopper forward key's kernel computes, where that is another head dim; else None."""
     if not isinstance(key, spec.FwdKey) or key.arch != "sm90":
         return None
-    computed = dataclasses.replace(key, head_dim=spec_sm90.sm90_head_dim(key))
+    computed = spec_sm90.sm90_computed_key(key)
     return computed if computed != key else None
 
 
