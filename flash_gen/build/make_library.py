@@ -27,7 +27,8 @@ DECODE_HEAD_DIMS = (64, 128)
 
 
 def plan(arch: str) -> list[tuple]:
-    """(key, config) pairs of the library for `arch`, sorted by entry name."""
+    """(key, config) pairs of the library for `arch`, one per kernel (keys can share one: render.kernel_key), sorted
+    by entry name."""
     out: set[tuple] = set()
     for dtype, hd, mask in itertools.product(spec.DTYPES, HEAD_DIMS, spec.MASKS):
         fwd, bwd = spec.FwdKey(arch, dtype, hd, mask), spec_bwd.BwdKey(arch, dtype, hd, mask)
@@ -41,7 +42,10 @@ def plan(arch: str) -> list[tuple]:
         # decoding steps over a cache read tile by tile run the portable kernel where chunks run the Hopper one
         out.update((key, fwd_tilings.portable_config(key)) for key in keys if key.kv == "cache")
     out.update(tuned.live_configs(arch))
-    return sorted(out, key=lambda v: render.entry_name(*v))
+    kernels: dict[str, tuple] = {}
+    for v in sorted(out, key=lambda v: (render.entry_name(*v), v[0].name)):
+        kernels.setdefault(render.entry_name(*v), v)
+    return list(kernels.values())
 
 
 def helpers(arch: str) -> Iterator[tuple[Callable[[], str], list[str]]]:

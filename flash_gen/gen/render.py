@@ -113,13 +113,16 @@ def render_bwd_sm90_many(variants: Sequence[tuple[BwdKey, Sm90BwdConfig]]) -> st
 
 
 def _items(variants: Sequence[tuple], infeasible: Callable, extra: Callable) -> list[dict]:
-    """Template values of each (key, config): the fields every kernel template uses plus `extra(key, cfg)`."""
-    items = []
-    kernels = {entry_name(key, cfg): (kernel_key(key, cfg), cfg) for key, cfg in variants}  # each kernel once
-    for i, (key, cfg) in enumerate(kernels.values()):
+    """Template values of each kernel of `variants` (keys sharing one, render.kernel_key, once; each key checked for
+    itself): the fields every kernel template uses plus `extra(key, cfg)`."""
+    kernels: dict[str, tuple] = {}
+    for key, cfg in variants:
         why = infeasible(key, cfg)
         if why is not None:
             raise ValueError(f"{cfg.name} cannot be built for {key.name}: {why}")
+        kernels.setdefault(entry_name(key, cfg), (kernel_key(key, cfg), cfg))  # each kernel once
+    items = []
+    for i, (key, cfg) in enumerate(kernels.values()):
         items.append({
             "key": key,
             "cfg": cfg,
