@@ -7,10 +7,11 @@ import time
 
 import pytest
 
-from flash_gen import fwd_tilings, tuned
+from flash_gen import bwd_tilings, fwd_tilings, tuned
 from flash_gen.build import cache, library, make_library
 from flash_gen.gen import render
 from flash_gen.spec import FwdKey, config_from_name, default_config
+from flash_gen.spec_bwd import BwdKey
 from flash_gen.spec_sm90 import Sm90FwdConfig
 
 
@@ -30,6 +31,10 @@ def test_plan_holds_defaults_and_every_live_tuned_variant():
     for key in (FwdKey("sm90", "bf16", 128, "causal"), FwdKey("sm90", "bf16", 96, "causal")):
         assert (key, fwd_tilings.default_config(key)) in variants  # the Hopper kernel, also at a padded head dim
     assert {render.entry_name(*v) for v in tuned.live_configs("sm90")} <= kernels
+    for hd in (72, 80):  # the vision head dims, on the Hopper kernels (72's forward on 80's)
+        fwd, bwd = FwdKey("sm90", "fp16", hd, "local"), BwdKey("sm90", "fp16", hd, "local")
+        assert {render.entry_name(fwd, fwd_tilings.default_config(fwd)),
+                render.entry_name(bwd, bwd_tilings.default_config(bwd))} <= kernels
     assert any(getattr(k, "kv", "") == "paged" and k.split and k.pack_gqa for k, _ in variants)  # decoding
     assert (FwdKey("sm90", "bf16", 128, "causal", split=True), fwd_tilings.default_config(
         FwdKey("sm90", "bf16", 128, "causal", split=True))) in variants  # decoding-like dense calls

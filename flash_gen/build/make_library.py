@@ -23,6 +23,9 @@ from flash_gen.gen import render
 # for dense calls with few query tiles pack-GQA and split-KV forms (decoding or short chunks via flash_attn_func);
 # over caches read tile by tile, both the decoding steps' tiling and the chunks' (fwd_tilings.cache_chunk_runs_hopper).
 HEAD_DIMS = (64, 96, 128, 192, 256)
+# On sm90 also the vision models' 72 and 80 (the Hopper forward runs 72 on 80's kernels: render.kernel_key), so that
+# their first calls compile nothing where the Hopper kernels run; the portable kernels specialise every head dim.
+HOPPER_HEAD_DIMS = HEAD_DIMS + (72, 80)
 DECODE_HEAD_DIMS = (64, 128)
 
 
@@ -30,7 +33,8 @@ def plan(arch: str) -> list[tuple]:
     """(key, config) pairs of the library for `arch`, one per kernel (keys can share one: render.kernel_key), sorted
     by entry name."""
     out: set[tuple] = set()
-    for dtype, hd, mask in itertools.product(spec.DTYPES, HEAD_DIMS, spec.MASKS):
+    head_dims = HOPPER_HEAD_DIMS if arch == "sm90" else HEAD_DIMS
+    for dtype, hd, mask in itertools.product(spec.DTYPES, head_dims, spec.MASKS):
         fwd, bwd = spec.FwdKey(arch, dtype, hd, mask), spec_bwd.BwdKey(arch, dtype, hd, mask)
         out |= {(fwd, fwd_tilings.default_config(fwd)), (bwd, bwd_tilings.default_config(bwd))}
     for dtype, hd, mask in itertools.product(spec.DTYPES, DECODE_HEAD_DIMS, ("none", "causal")):
