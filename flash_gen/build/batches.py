@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from flash_gen import spec, spec_bwd, spec_sm90
-from flash_gen.gen.render import entry_name, kernel_key, render_many
+from flash_gen.gen.render import entry_name, kernel_key, one_per_kernel, render_many
 
 
 @dataclass
@@ -62,10 +62,7 @@ def plan_batches(variants: list[tuple], jobs: int) -> list[list]:
     instantiations: 24 kernels compile in about 2.5x the time of one), splitting groups until every worker has
     one, and capping a group at 24 kernels."""
     groups: dict[tuple, list] = {}
-    kernels: dict[str, tuple] = {}
-    for key, cfg in variants:  # keys sharing a kernel (render.kernel_key) compile it once
-        kernels.setdefault(entry_name(key, cfg), (key, cfg))
-    for key, cfg in kernels.values():
+    for key, cfg in one_per_kernel(variants):  # keys sharing a kernel (render.kernel_key) compile it once
         groups.setdefault((type(key), type(cfg), key.arch, kernel_key(key, cfg).head_dim), []).append((key, cfg))
     batches = [g[i : i + 24] for g in groups.values() for i in range(0, len(g), 24)]
     while len(batches) < jobs and any(len(b) > 1 for b in batches):

@@ -46,10 +46,7 @@ def plan(arch: str) -> list[tuple]:
         # decoding steps over a cache read tile by tile run the portable kernel where chunks run the Hopper one
         out.update((key, fwd_tilings.portable_config(key)) for key in keys if key.kv == "cache")
     out.update(tuned.live_configs(arch))
-    kernels: dict[str, tuple] = {}
-    for v in sorted(out, key=lambda v: (render.entry_name(*v), v[0].name)):
-        kernels.setdefault(render.entry_name(*v), v)
-    return list(kernels.values())
+    return render.one_per_kernel(sorted(out, key=lambda v: (render.entry_name(*v), v[0].name)))
 
 
 def helpers(arch: str) -> Iterator[tuple[Callable[[], str], list[str]]]:

@@ -61,6 +61,14 @@ def entry_name(key: FwdKey | BwdKey, cfg: FwdConfig | BwdConfig) -> str:
     return f"flash_gen_{kernel_key(key, cfg).name}__{cfg.name}"
 
 
+def one_per_kernel(variants: Sequence[tuple]) -> list[tuple]:
+    """`variants` ((key, config) pairs) with the first pair of each kernel kept and the keys sharing it dropped."""
+    kernels: dict[str, tuple] = {}
+    for key, cfg in variants:
+        kernels.setdefault(entry_name(key, cfg), (key, cfg))
+    return list(kernels.values())
+
+
 def render_fwd(key: FwdKey, cfg: FwdConfig) -> str:
     """CUDA source of the portable forward kernel for `key` tiled by `cfg`.
 
@@ -115,14 +123,12 @@ def render_bwd_sm90_many(variants: Sequence[tuple[BwdKey, Sm90BwdConfig]]) -> st
 def _items(variants: Sequence[tuple], infeasible: Callable, extra: Callable) -> list[dict]:
     """Template values of each kernel of `variants` (keys sharing one, render.kernel_key, once; each key checked for
     itself): the fields every kernel template uses plus `extra(key, cfg)`."""
-    kernels: dict[str, tuple] = {}
     for key, cfg in variants:
         why = infeasible(key, cfg)
         if why is not None:
             raise ValueError(f"{cfg.name} cannot be built for {key.name}: {why}")
-        kernels.setdefault(entry_name(key, cfg), (kernel_key(key, cfg), cfg))  # each kernel once
     items = []
-    for i, (key, cfg) in enumerate(kernels.values()):
+    for i, (key, cfg) in enumerate((kernel_key(k, c), c) for k, c in one_per_kernel(variants)):
         items.append({
             "key": key,
             "cfg": cfg,
