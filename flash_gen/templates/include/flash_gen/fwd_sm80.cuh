@@ -395,12 +395,12 @@ __device__ __forceinline__ void fwd_kernel(FwdParams const& p) {
   for (int r = 0; r < kRows; ++r) {
     const float sum = quad_sum(row_sum[r]);
     const bool empty = sum == 0.f || sum != sum;
-    const float inv = empty ? 1.f : 1.f / sum;
+    const float inv = empty ? 1.f : __fdividef(1.f, sum);  // sum >= 1: MUFU's reciprocal and log2 suffice
     CUTE_UNROLL
     for (int c = 0; c < size<1>(o_rc); ++c) o_rc(r, c) *= inv;
     const int row = get<0>(tOcO_rc(r, 0));
     if (get<1>(tOcO_rc(r, 0)) == 0 && row0 + row < rows_q) {
-      *lse_at(row0 + row) = empty ? empty_lse : (row_max[r] * p.scale_log2 + log2f(sum)) * 0.69314718055994531f;
+      *lse_at(row0 + row) = empty ? empty_lse : (row_max[r] * p.scale_log2 + __log2f(sum)) * 0.69314718055994531f;
     }
   }
   if constexpr (T::kSplit) {  // fp32 partial O straight from the accumulators, two adjacent columns at a time

@@ -722,18 +722,20 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
       return i < slab_rows && pos >= 0 && pos < tile.seqlen_q;
     };
     // Row r's softmax denominator (its quad's partial sums; 0 or NaN where the row saw no key: `empty`) and lse.
+    // A row that saw a key sums to at least 1 (its reference maximum's own term) and far below 2^126, where
+    // MUFU's reciprocal and log2 are within an ulp or two: the IEEE forms cost a branchy slow path per row.
     auto row_total = [&](int r, bool& empty) {
       const float sum = quad_sum(row_sum[r]);
       empty = sum == 0.f || sum != sum;
       return sum;
     };
-    auto row_lse = [&](int r, float sum) { return (row_max[r] * p.scale_log2 + log2f(sum)) * 0.69314718055994531f; };
+    auto row_lse = [&](int r, float sum) { return (row_max[r] * p.scale_log2 + __log2f(sum)) * 0.69314718055994531f; };
     if constexpr (T::kSplit) {  // straight from the accumulators; one tile per CTA, so nothing is left to store
       const int split = sm90_split_of(t, m_blocks, heads, p.batch);
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) {
         bool empty;
-        const float sum = row_total(r, empty), inv = empty ? 1.f : 1.f / sum;
+        const float sum = row_total(r, empty), inv = empty ? 1.f : __fdividef(1.f, sum);
         int pos, head;
         if (!row_at(r, pos, head)) continue;
         const int64_t row = (int64_t(split * p.batch + tile.batch) * p.nheads + head) * p.seqlen_q + pos;
@@ -753,7 +755,7 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       bool empty;
-      const float sum = row_total(r, empty), inv = empty ? 1.f : 1.f / sum;
+      const float sum = row_total(r, empty), inv = empty ? 1.f : __fdividef(1.f, sum);
       int pos, head;
       if (row_at(r, pos, head) && get<1>(tOcO_rc(r, 0)) == 0) {
         lse_ptr[head * p.lse_head_stride + pos] = empty ? inf() : row_lse(r, sum);
