@@ -12,6 +12,7 @@
 #include "flash_gen/bwd_dq.cuh"
 #include "flash_gen/bwd_key_tile.cuh"
 #include "flash_gen/bwd_params.cuh"
+#include "flash_gen/score_mods.cuh"  // fast_tanh: the forward's softcap
 #include "flash_gen/seq_info.cuh"
 #include "flash_gen/sm80_ldsm.cuh"
 #include "flash_gen/sm80_utils.cuh"
@@ -229,7 +230,7 @@ __device__ __forceinline__ void bwd_kernel(BwdParams const& p) {
       if constexpr (T::kSoftcap) {
         CUTE_UNROLL
         for (int i = 0; i < size(s); ++i) {
-          const float t = tanhf(s(i) * p.score_scale);
+          const float t = fast_tanh(s(i) * p.score_scale);
           s(i) = t;
           dtanh(i) = 1.f - t * t;
         }
