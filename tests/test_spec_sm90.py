@@ -210,8 +210,8 @@ def test_cli_compile_accepts_hopper_config_names():
 
 def test_hopper_backward_is_the_sm90_default_where_it_fits():
     """bwd_tilings.default_config: the Hopper backward for sm90 head dims up to 128 (computed as 64 or 128) and
-    256 without softcap, ALiBi or not, dense or packed, deterministic or not (256 splits the head dim over 64-key
-    tiles), the portable backward everywhere else."""
+    256 without softcap, softcap or not below 256, ALiBi or not, dense or packed, deterministic or not (256 splits
+    the head dim over 64-key tiles), the portable backward everywhere else."""
     from flash_gen import bwd_tilings, spec, spec_bwd
     from flash_gen.spec_bwd import BwdKey
     from flash_gen.spec_bwd_sm90 import default_sm90_bwd_config
@@ -223,10 +223,11 @@ def test_hopper_backward_is_the_sm90_default_where_it_fits():
     hopper += [BwdKey("sm90", "bf16", hd, m, varlen=True, deterministic=True) for hd in (64, 96, 128) for m in ("none", "local")]
     hopper += [BwdKey("sm90", dt, hd, "none", varlen=True) for dt in ("bf16", "fp16") for hd in (64, 96, 128)]
     hopper += [BwdKey("sm90", "bf16", hd, m, alibi=True) for hd in (64, 96, 128, 256) for m in spec.MASKS]
+    hopper += [BwdKey("sm90", "bf16", 64, "none", softcap=True), BwdKey("sm90", "bf16", 128, "causal", softcap=True,
+                                                                         alibi=True)]
     portable = [BwdKey("sm80", "bf16", 128, "none"), BwdKey("sm100", "bf16", 64, "causal"),
                 BwdKey("sm90", "bf16", 160, "none"), BwdKey("sm90", "bf16", 192, "causal"),
-                BwdKey("sm90", "bf16", 64, "none", softcap=True),
-                BwdKey("sm90", "bf16", 128, "causal", softcap=True, alibi=True)]
+                BwdKey("sm90", "bf16", 256, "none", softcap=True)]
     assert all(bwd_tilings.default_config(k) == default_sm90_bwd_config(k) for k in hopper)
     assert {default_sm90_bwd_config(k).name for k in hopper} == {
         "wgbm64n128", "wgbm64n128o", "wgbm64n128ob", "wgbm128n128ob", "wgbm80n128b", "wgbm64n64o", "wgbm64n64ob"}
@@ -271,7 +272,9 @@ def test_hopper_backward_compiles_on_wgmma(tmp_path, monkeypatch):
     monkeypatch.setenv("FLASH_GEN_CACHE_DIR", str(tmp_path))
     key, cfg = BwdKey("sm90", "bf16", 64, "causal"), Sm90BwdConfig()
     assert sm90_bwd_infeasible_reason(key, cfg) is None
-    assert "softcap" in sm90_bwd_infeasible_reason(BwdKey("sm90", "bf16", 64, "causal", softcap=True), cfg)
+    assert sm90_bwd_infeasible_reason(BwdKey("sm90", "bf16", 64, "causal", softcap=True), cfg) is None
+    assert "softcap" in sm90_bwd_infeasible_reason(BwdKey("sm90", "bf16", 256, "causal", softcap=True),
+                                                   Sm90BwdConfig(64, 64))
     (c,) = batches.compile_batch([(key, cfg)])
     assert c.error is None, c.error
     assert c.ok, f"{c.entry}: spills or serialised wgmmas"

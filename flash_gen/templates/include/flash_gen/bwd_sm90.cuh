@@ -20,6 +20,7 @@
 #include "flash_gen/bwd_params.cuh"
 #include "flash_gen/bwd_sm90_params.cuh"
 #include "flash_gen/convert_pairs.cuh"
+#include "flash_gen/score_mods.cuh"  // fast_tanh: the forward's softcap
 #include "flash_gen/sm80_utils.cuh"  // copy_zfill, copy_predicated (K/V in by cp.async, dK/dV out)
 #include "flash_gen/sm90_bulk.cuh"
 #include "flash_gen/sm90_sync.cuh"
@@ -28,7 +29,7 @@
 namespace flash_gen {
 
 template <class Element_, int kHeadDim_, int kHeadDimIO_, int kBlockM_, int kBlockN_, bool kOverlap_, Mask kMask_,
-          bool kAlibi_, bool kVarlen_, bool kDeterministic_, bool kDqBulk_, bool kDecoupled_>
+          bool kSoftcap_, bool kAlibi_, bool kVarlen_, bool kDeterministic_, bool kDqBulk_, bool kDecoupled_>
 struct Sm90BwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;      // what the GEMMs compute: 64, 128 or 256
@@ -43,6 +44,11 @@ struct Sm90BwdTraits {
   static constexpr int kNThreads = 256;
   static constexpr int kStages = 2;  // Q/dO buffers
   static constexpr Mask kMask = kMask_;
+  // Softcap: S^T = tanh(S^T * score_scale) (scale_log2 carries the cap) and dS^T times 1 - tanh^2, with the
+  // forward's tanh.approx so P is the one it normalised. Unsplit only: the split head dim forms dS^T in warpgroup 1,
+  // which never sees the scores.
+  static constexpr bool kSoftcap = kSoftcap_;
+  static_assert(!kSoftcap || !kSplitHeadDim);
   static constexpr bool kAlibi = kAlibi_;
   static constexpr bool kVarlen = kVarlen_;
   static constexpr bool kDeterministic = kDeterministic_;
@@ -75,7 +81,8 @@ struct Sm90BwdTraits {
   static constexpr int kDqBoxCols = 32;  // fp32 columns of a 128-byte swizzle row
   // P^T's exponentials while the dP^T GEMM computes (S^T waited for alone), dS^T after it. At head dim 64 that
   // measured +3% fwd+bwd without a mask and level causal; at 128 -1..-2% (H200, 2026-12-04, docs/hopper_backward.md).
-  static constexpr bool kExpUnderDp = kHeadDim_ <= 64;
+  // Not with softcap, whose dS^T needs each score's tanh, gone by then.
+  static constexpr bool kExpUnderDp = kHeadDim_ <= 64 && !kSoftcap_;
   // 128-query steps (head dim 64): the warpgroups split dQ's rows rather than its columns, so each dQ wgmma is
   // N = 64 over its own 64 rows of dS: 64 KB of shared-memory operands per step instead of 96 (each warpgroup read
   // all of dS for N = 32). dq_accum's TMA boxes are then 64 rows (flash_gen.spec_bwd_sm90.dq_box_rows).
@@ -412,7 +419,8 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
           CUTE_UNROLL
           for (int j = 0; j < 2; ++j) {
             const int dk = get<0>(cS(i + j)) - key0, off = dk - (q + j - q0);
-            float s = acc_s(i + j);
+            const float t = T::kSoftcap ? fast_tanh(acc_s(i + j) * p.score_scale) : acc_s(i + j);
+            float s = t;
             if constexpr (T::kAlibi) s -= slope * float(abs(base + off));  // -slope * |i + diag - j|
             float pt = fast_exp2(s * p.scale_log2 - (j ? lse2.y : lse2.x));
             if constexpr (decltype(masked)::value) {
@@ -422,7 +430,10 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
               pt = visible ? pt : 0.f;
             }
             acc_s(i + j) = pt;
-            if constexpr (decltype(with_dp)::value) acc_dp(i + j) = pt * (acc_dp(i + j) - (j ? dsum2.y : dsum2.x));
+            if constexpr (decltype(with_dp)::value) {
+              acc_dp(i + j) = pt * (acc_dp(i + j) - (j ? dsum2.y : dsum2.x));
+              if constexpr (T::kSoftcap) acc_dp(i + j) *= 1.f - t * t;
+            }
           }
         }
       };
