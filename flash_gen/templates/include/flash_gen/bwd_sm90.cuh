@@ -205,6 +205,10 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   // Without the overlap (unsplit): dV issued before the dS barrier, dK after the dQ GEMM, running on under dQ's
   // store until the step's end (FlashAttention-4's order).
   constexpr bool kLateDk = !T::kOverlapDkvDq && !T::kSplitHeadDim;
+  // Late dK, warpgroups not decoupled: warpgroup 0, ahead by its staggered S^T/dP^T (below), issues its dK right after
+  // its dS^T store, beside its dV and under warpgroup 1's softmax; warpgroup 1 keeps dK after the dQ GEMM. (Decoupled,
+  // ptxas re-stages the dK/dV operands and silently serialises every wgmma: docs/hopper_backward.md.)
+  constexpr bool kEarlyDk0 = kLateDk && !T::kDecoupled;
   // Split bulk dQ: the next tile's Q and dO are loaded once the last step's halves have been read from the buffers
   // that load refills, after the step's softmax rather than under its first GEMMs; decoupled: after the dS barrier.
   constexpr bool kLateLoad = (T::kDqBulk && T::kSplitHeadDim) || T::kDecoupled;
@@ -558,6 +562,10 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
         convert_pairs(acc_dp, dst_frag);
         copy(ds_store, thr_ds_store.retile_S(dst_frag), tdSsdSt);
         fence_smem_for_async_proxy();  // the generic-proxy dS stores, before wgmma reads them
+        if (kEarlyDk0 && wg == 0) {
+          warpgroup_fence_operand(tdKrdSt);
+          wgmma_issue<false>(mma_dkv, tdKrdSt, tdKrQt, acc_dk);
+        }
         if constexpr (!kLateDk) {
           warpgroup_fence_operand(tdVrPt);
           wgmma_issue<false>(mma_dkv, tdVrPt, tdVrdOt, acc_dv);
@@ -578,7 +586,8 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
       } else {
         wgmma_issue<true>(mma_dq, desc_dq.partition_fragment_A(sdS), tdQrKt, acc_dq);
       }
-      if constexpr (kLateDk) {  // dV done (dQ may still run), then dK, which runs on under dQ's store
+      const bool dk_after_dq = kLateDk && !(kEarlyDk0 && wg == 0);
+      if (dk_after_dq) {  // dV done (dQ may still run), then dK, which runs on under dQ's store
         warpgroup_wait<1>();
         warpgroup_fence_operand(tdVrPt);
         warpgroup_fence_operand(tdKrdSt);
@@ -586,9 +595,9 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
       }
       if constexpr (T::kDecoupled) load_next();  // the buffer's last readers, the step before's GEMMs, are done
       // With the overlap, the dK/dV wgmmas too: they have read their registers and Q/dO. Late dK: dQ only.
-      if constexpr (kLateDk) warpgroup_wait<1>();
+      if (dk_after_dq) warpgroup_wait<1>();
       else warpgroup_wait<0>();
-      if constexpr (!T::kSplitHeadDim && T::kOverlapDkvDq) {
+      if constexpr (!T::kSplitHeadDim) {  // (early dK: warpgroup 0's dV and dK are done too)
         warpgroup_fence_operand(tdVrPt);
         warpgroup_fence_operand(tdKrdSt);
       }
