@@ -587,11 +587,13 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
         wgmma_issue<true>(mma_dq, desc_dq.partition_fragment_A(sdS), tdQrKt, acc_dq);
       }
       const bool dk_after_dq = kLateDk && !(kEarlyDk0 && wg == 0);
-      if (dk_after_dq) {  // dV done (dQ may still run), then dK, which runs on under dQ's store
-        warpgroup_wait<1>();
-        warpgroup_fence_operand(tdVrPt);
-        warpgroup_fence_operand(tdKrdSt);
-        wgmma_issue<false>(mma_dkv, tdKrdSt, tdKrQt, acc_dk);
+      if constexpr (kLateDk) {
+        if (dk_after_dq) {  // dV done (dQ may still run), then dK, which runs on under dQ's store
+          warpgroup_wait<1>();
+          warpgroup_fence_operand(tdVrPt);
+          warpgroup_fence_operand(tdKrdSt);
+          wgmma_issue<false>(mma_dkv, tdKrdSt, tdKrQt, acc_dk);
+        }
       }
       if constexpr (T::kDecoupled) load_next();  // the buffer's last readers, the step before's GEMMs, are done
       // With the overlap, the dK/dV wgmmas too: they have read their registers and Q/dO. Late dK: dQ only.
