@@ -5,7 +5,7 @@ supports (flash_gen.bwd_tilings.default_config). Must not import torch or cuda.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from flash_gen.spec import MAX_SMEM_PER_BLOCK
 from flash_gen.spec_bwd import BwdKey
@@ -59,6 +59,12 @@ def sm90_bwd_head_dim(key: BwdKey) -> int:
     """Head dim the GEMMs compute: 64, 128 or 256 (one or two 128-byte swizzled rows per 64 columns; TMA and the
     K/V loads zero-fill the columns past the tensors' head dim, the stores skip them)."""
     return 64 if key.head_dim <= 64 else (128 if key.head_dim <= 128 else 256)
+
+
+def sm90_bwd_computed_key(key: BwdKey) -> BwdKey:
+    """`key` at the head dim its Hopper backward kernel computes (sm90_bwd_head_dim). The kernel takes the tensors'
+    head dim at run time, so this key's kernel serves `key`: 72, 80 and 96 run 128's."""
+    return replace(key, head_dim=sm90_bwd_head_dim(key))
 
 
 def split_head_dim(key: BwdKey) -> bool:

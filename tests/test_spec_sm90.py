@@ -142,6 +142,17 @@ def test_head_dims_computed_as_another_run_that_head_dims_kernel():
     both = [(key72, cfg), (key80, cfg)]
     assert render.render_many(both).count(f"{render.entry_name(key80, cfg)}(") == 1
     assert batches.plan_batches(both, jobs=2) == [[(key72, cfg)]]
+    # the Hopper backward takes the tensors' head dim at run time: 72-128 share 128's kernel, 8-64 64's
+    from flash_gen.spec_bwd import BwdKey
+    from flash_gen.spec_bwd_sm90 import sm90_bwd_config_from_name
+
+    steps = sm90_bwd_config_from_name("wgbm64n128ob")
+    for hd, computed in ((72, 128), (96, 128), (40, 64)):
+        key, kernel = BwdKey("sm90", "bf16", hd, "none"), BwdKey("sm90", "bf16", computed, "none")
+        assert render.entry_name(key, steps) == render.entry_name(kernel, steps)
+        assert render.render_many([(key, steps)]) == render.render_many([(kernel, steps)])
+    with pytest.raises(ValueError, match="head_dim 240"):  # a key its kernel's own cannot stand in for
+        render.render_many([(BwdKey("sm90", "bf16", 240), sm90_bwd_config_from_name("wgbm64n64ob"))])
     # the portable kernels specialise every head dim exactly
     portable = fwd_tilings.default_config(FwdKey("sm80", "bf16", 72))
     assert render.entry_name(FwdKey("sm80", "bf16", 72), portable) != render.entry_name(FwdKey("sm80", "bf16", 80),

@@ -16,6 +16,7 @@ from flash_gen.spec import FwdConfig, FwdKey, infeasible_reason, smem_bytes
 from flash_gen.spec_bwd import BwdConfig, BwdKey, bwd_head_dim_mma, bwd_infeasible_reason, bwd_smem_bytes
 from flash_gen.spec_bwd_sm90 import (
     Sm90BwdConfig,
+    sm90_bwd_computed_key,
     sm90_bwd_head_dim,
     sm90_bwd_infeasible_reason,
     sm90_bwd_needs_extended_wgmma,
@@ -50,10 +51,13 @@ def _env() -> jinja2.Environment:
 
 
 def kernel_key(key: FwdKey | BwdKey, cfg: FwdConfig | BwdConfig) -> FwdKey | BwdKey:
-    """The key whose kernel serves `key` under `cfg`: for the Hopper forward, that of the head dim it computes
-    (spec_sm90.sm90_computed_key), so 72 runs 80's kernel, from the library where it is there, rather than
-    compiling a copy of it under its own name."""
-    return sm90_computed_key(key) if isinstance(cfg, Sm90FwdConfig) else key
+    """The key whose kernel serves `key` under `cfg`: for the Hopper kernels, that of the head dim they compute
+    (spec_sm90.sm90_computed_key, spec_bwd_sm90.sm90_bwd_computed_key), so the forward at 72 runs 80's kernel and
+    the backward at 72, 80 or 96 runs 128's, from the library where it is there, rather than compiling a copy under
+    their own names."""
+    if isinstance(cfg, Sm90FwdConfig):
+        return sm90_computed_key(key)
+    return sm90_bwd_computed_key(key) if isinstance(cfg, Sm90BwdConfig) else key
 
 
 def entry_name(key: FwdKey | BwdKey, cfg: FwdConfig | BwdConfig) -> str:

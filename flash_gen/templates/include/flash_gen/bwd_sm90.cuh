@@ -28,12 +28,14 @@
 
 namespace flash_gen {
 
-template <class Element_, int kHeadDim_, int kHeadDimIO_, int kBlockM_, int kBlockN_, bool kOverlap_, Mask kMask_,
+template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, bool kOverlap_, Mask kMask_,
           bool kSoftcap_, bool kAlibi_, bool kVarlen_, bool kDeterministic_, bool kDqBulk_, bool kDecoupled_>
 struct Sm90BwdTraits {
   using Element = Element_;
-  static constexpr int kHeadDim = kHeadDim_;      // what the GEMMs compute: 64, 128 or 256
-  static constexpr int kHeadDimIO = kHeadDimIO_;  // the tensors' head dim (loads zero-fill past it, stores skip it)
+  // What the GEMMs compute: 64, 128 or 256. The tensors' head dim (BwdParams::head_dim, a multiple of 8 up to it) is
+  // a runtime value: loads zero-fill the columns past it and stores skip them, so one kernel serves every head dim
+  // computed as this one (flash_gen.gen.render.kernel_key), for the cost of a few compares per CTA.
+  static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;  // queries per step: the N of S^T, the M of dQ
   // Head dim 256 (docs/hopper_backward.md): 64 x 256 of dK and dV do not fit one warpgroup's registers, so the
   // warpgroups split the head dim: one CTA owns 64 keys, warpgroup 0 computes S^T and warpgroup 1 dP^T at the same
@@ -103,7 +105,7 @@ struct Sm90BwdTraits {
       decltype(composition(SmemLayoutdQTile{},
                            make_layout(Shape<Int<kHeadDim>, Int<kBlockM>>{}, Stride<Int<kBlockM>, _1>{}))),
       SmemLayoutdQTile>;
-  static_assert(kHeadDim % 64 == 0 && kHeadDim <= 256 && kHeadDimIO <= kHeadDim && kHeadDimIO % 8 == 0);
+  static_assert(kHeadDim % 64 == 0 && kHeadDim <= 256);
 
   using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;
   using SmemLayoutQ =  // Q and dO: (queries, head dim, stage)
@@ -296,10 +298,10 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   Tensor tKVcKV = load_thr.partition_D(cKV);
   copy_zfill(load, load_thr.partition_S(kv_tile(static_cast<const Element*>(p.k), p.k_batch_stride, p.k_row_stride,
                                                 p.k_head_stride)),
-             load_thr.partition_D(sK), tKVcKV, seqlen_k - col0, T::kHeadDimIO);
+             load_thr.partition_D(sK), tKVcKV, seqlen_k - col0, p.head_dim);
   copy_zfill(load, load_thr.partition_S(kv_tile(static_cast<const Element*>(p.v), p.v_batch_stride, p.v_row_stride,
                                                 p.v_head_stride)),
-             load_thr.partition_D(sV), tKVcKV, seqlen_k - col0, T::kHeadDimIO);
+             load_thr.partition_D(sV), tKVcKV, seqlen_k - col0, p.head_dim);
   cp_async_fence();
 
   typename T::MmaSdP mma_sdp;
@@ -693,11 +695,11 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   copy_predicated(store, store_thr.partition_S(sK_epi),
                   store_thr.partition_D(kv_tile(static_cast<Element*>(p.dk), p.dk_batch_stride, p.dk_row_stride,
                                                 p.dk_head_stride)),
-                  tKVcKV_st, seqlen_k - col0, T::kHeadDimIO);
+                  tKVcKV_st, seqlen_k - col0, p.head_dim);
   copy_predicated(store, store_thr.partition_S(sV_epi),
                   store_thr.partition_D(kv_tile(static_cast<Element*>(p.dv), p.dv_batch_stride, p.dv_row_stride,
                                                 p.dv_head_stride)),
-                  tKVcKV_st, seqlen_k - col0, T::kHeadDimIO);
+                  tKVcKV_st, seqlen_k - col0, p.head_dim);
 }
 
 }  // namespace flash_gen
