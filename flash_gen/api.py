@@ -14,14 +14,18 @@ from flash_gen import ops
 from flash_gen.validate import check_attn_args, check_flag, check_varlen_args
 
 _DOC_COMMON = """
-    dropout_p must be 0 (dropout is not implemented: NotImplementedError otherwise). softmax_scale defaults to
+    dropout_p in [0, 1): the softmax probabilities are dropped with that probability and the kept ones scaled by
+    1 / (1 - dropout_p) before P V (softmax_lse is that of all scores); the keep decisions come from a seed drawn
+    with PyTorch's CUDA generator (torch.manual_seed reproduces them) and the backward redraws the same ones.
+    Dropout runs the portable kernel (mma.sync), on Hopper too. softmax_scale defaults to
     head_dim ** -0.5. causal and window_size=(left, right) mask keys with flash_attn's bottom-right alignment
     (query i sees key j iff i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q + right, -1 meaning
     unbounded; causal sets right = 0). softcap > 0 applies softcap * tanh(scores / softcap). alibi_slopes
     (float32, (nheads,) or (batch, nheads)) adds -slope * |i + seqlen_k - seqlen_q - j| to the scores. Rows that
     see no key output 0 (and get zero gradients). deterministic=True makes the backward pass bitwise
-    reproducible (the forward always is). return_attn_probs=True returns (out, softmax_lse, None) as flash_attn does
-    without dropout: softmax_lse float32, (batch, nheads, seqlen_q) or, packed, (nheads, total_q); the natural-log
+    reproducible (the forward always is). return_attn_probs=True returns (out, softmax_lse, None), as flash_attn does
+    without dropout (with dropout flash_attn's third output is a test-only probability tensor; flash_gen's is None):
+    softmax_lse float32, (batch, nheads, seqlen_q) or, packed, (nheads, total_q); the natural-log
     logsumexp of each query row's scores after scale, softcap and ALiBi (+inf for rows that see no key), not
     differentiable.
 
@@ -34,8 +38,8 @@ _DOC_COMMON = """
 
 def _outputs(outputs: tuple[torch.Tensor, torch.Tensor],
              return_attn_probs: bool) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, None]:
-    """out, or with return_attn_probs (out, softmax_lse, None): flash_attn returns the probabilities only with
-    dropout, which flash_gen does not implement."""
+    """out, or with return_attn_probs (out, softmax_lse, None): flash_attn returns probabilities only with dropout,
+    for its tests; flash_gen returns none."""
     return (outputs[0], outputs[1], None) if return_attn_probs else outputs[0]
 
 
@@ -54,7 +58,7 @@ def flash_attn_func(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, None]:
     attn = check_attn_args(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                            return_attn_probs)
-    return _outputs(ops.call(ops.fwd, q, k, v, None, None, *attn), return_attn_probs)
+    return _outputs(ops.call(ops.fwd, q, k, v, None, None, *attn, ops.dropout_seed(q, attn[-1])), return_attn_probs)
 
 
 def flash_attn_kvpacked_func(
@@ -71,7 +75,8 @@ def flash_attn_kvpacked_func(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, None]:
     attn = check_attn_args(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                            return_attn_probs)
-    return _outputs(ops.call(ops.fwd_kvpacked, q, kv, None, None, *attn), return_attn_probs)
+    return _outputs(ops.call(ops.fwd_kvpacked, q, kv, None, None, *attn, ops.dropout_seed(q, attn[-1])),
+                    return_attn_probs)
 
 
 def flash_attn_qkvpacked_func(
@@ -87,7 +92,8 @@ def flash_attn_qkvpacked_func(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, None]:
     attn = check_attn_args(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                            return_attn_probs)
-    return _outputs(ops.call(ops.fwd_qkvpacked, qkv, None, None, *attn), return_attn_probs)
+    return _outputs(ops.call(ops.fwd_qkvpacked, qkv, None, None, *attn, ops.dropout_seed(qkv, attn[-1])),
+                    return_attn_probs)
 
 
 def flash_attn_varlen_func(
@@ -112,9 +118,13 @@ def flash_attn_varlen_func(
                            return_attn_probs)
     check_varlen_args(max_seqlen_q, max_seqlen_k)
     if block_table is not None:  # paged K/V: inference only
-        outputs = ops.call(ops.fwd_varlen_paged, q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, *attn[:-1])
+        if attn[-1] > 0:
+            raise NotImplementedError("dropout_p: not with block_table (a paged K/V cache serves inference; no "
+                                      "dropout)")
+        outputs = ops.call(ops.fwd_varlen_paged, q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, *attn[:-2])
         return _outputs(outputs, return_attn_probs)
-    return _outputs(ops.call(ops.fwd, q, k, v, cu_seqlens_q, cu_seqlens_k, *attn), return_attn_probs)
+    return _outputs(ops.call(ops.fwd, q, k, v, cu_seqlens_q, cu_seqlens_k, *attn, ops.dropout_seed(q, attn[-1])),
+                    return_attn_probs)
 
 
 def flash_attn_varlen_kvpacked_func(
@@ -136,7 +146,8 @@ def flash_attn_varlen_kvpacked_func(
     attn = check_attn_args(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                            return_attn_probs)
     check_varlen_args(max_seqlen_q, max_seqlen_k)
-    return _outputs(ops.call(ops.fwd_kvpacked, q, kv, cu_seqlens_q, cu_seqlens_k, *attn), return_attn_probs)
+    return _outputs(ops.call(ops.fwd_kvpacked, q, kv, cu_seqlens_q, cu_seqlens_k, *attn,
+                             ops.dropout_seed(q, attn[-1])), return_attn_probs)
 
 
 def flash_attn_varlen_qkvpacked_func(
@@ -155,7 +166,8 @@ def flash_attn_varlen_qkvpacked_func(
     attn = check_attn_args(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                            return_attn_probs)
     check_varlen_args(max_seqlen, max_seqlen)
-    return _outputs(ops.call(ops.fwd_qkvpacked, qkv, cu_seqlens, cu_seqlens, *attn), return_attn_probs)
+    return _outputs(ops.call(ops.fwd_qkvpacked, qkv, cu_seqlens, cu_seqlens, *attn,
+                             ops.dropout_seed(qkv, attn[-1])), return_attn_probs)
 
 
 def flash_attn_with_kvcache(
@@ -193,7 +205,7 @@ def flash_attn_with_kvcache(
     softmax_lse (batch, nheads, seqlen_q) when return_softmax_lse. No gradient. Raises TypeError / ValueError /
     NotImplementedError naming the offending argument; FLASH_GEN_DEBUG=1 also checks index values on the host.
     """
-    softmax_scale, causal, left, right, softcap, alibi_slopes, _ = check_attn_args(
+    softmax_scale, causal, left, right, softcap, alibi_slopes, *_ = check_attn_args(
         0.0, softmax_scale, causal, window_size, softcap, alibi_slopes, False, False)
     tensor_seqlens = cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None
     int_seqlens = -1 if cache_seqlens is None or tensor_seqlens is not None else cache_seqlens

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flash_gen
-from flash_gen import bwd_tilings, fwd_tilings
+from flash_gen import bwd_tilings, fwd_tilings, ops
 from flash_gen.bwd_tilings import BwdTiling
 from flash_gen.gpu_monitor import GpuMonitor
 from flash_gen.validate import derive_mask
@@ -62,6 +62,7 @@ class Shape:
     direction: str = "fwd"
     softcap: float = 0.0  # flash_gen's only (the peers are off)
     window: tuple[int, int] = (-1, -1)  # flash_attn's window_size (-1: unbounded side); flash_gen's only too
+    dropout: float = 0.0  # dropout_p of every implementation (FLOPs unchanged)
 
     @property
     def flops(self) -> float:
@@ -93,11 +94,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"{', '.join(own)}: flash_gen's only (not in SDPA); pass --peers= to time flash_gen alone",
               file=sys.stderr)
         return 2
+    if args.dropout and "fa4" in args.peers:
+        print("--dropout: FA4 has no dropout; leave fa4 out of --peers", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("flash-gen bench needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
         return 2
     timer_name, timer = median_timer()
-    scores = dict(softcap=args.softcap, window=args.window)
+    scores = dict(softcap=args.softcap, window=args.window, dropout=args.dropout)
     impls = {"flash_gen": (contextlib.nullcontext, functools.partial(_flash_gen, **scores))}
     for name in args.configs:
         if args.direction == "fwd":
@@ -105,8 +109,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             impl = functools.partial(_flash_gen_bwd_config, config=bwd_tilings.config_from_name(name), **scores)
         impls[f"fg:{name}"] = (contextlib.nullcontext, impl)
-    impls.update({p: (functools.partial(sdpa_kernel, PEERS[p]), _sdpa) if p in PEERS else
-                  (contextlib.nullcontext, fa4_attention) for p in args.peers})
+    impls.update({p: (functools.partial(sdpa_kernel, PEERS[p]), functools.partial(_sdpa, dropout=args.dropout))
+                  if p in PEERS else (contextlib.nullcontext, fa4_attention) for p in args.peers})
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     l2_bytes = getattr(props, "L2_cache_size", 0)
     results = []
@@ -122,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
                 direction=args.direction,
                 softcap=args.softcap,
                 window=args.window,
+                dropout=args.dropout,
             )
             results.append(_bench_shape(shape, impls, timer, args.repeats, l2_bytes or FALLBACK_L2_BYTES))
             _print_row(results[-1])
@@ -153,13 +158,20 @@ def run_record() -> dict:
 
 
 def _flash_gen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, config=None,
-               softcap: float = 0.0, window: tuple[int, int] = (-1, -1)) -> torch.Tensor:
+               softcap: float = 0.0, window: tuple[int, int] = (-1, -1), dropout: float = 0.0) -> torch.Tensor:
     """flash_gen's forward as a user calls it, or (with `config`) forced to one tiling through the runtime."""
     if config is None:
-        return flash_gen.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap)
+        return flash_gen.flash_attn_func(q, k, v, dropout_p=dropout, causal=causal, window_size=window,
+                                         softcap=softcap)
     from flash_gen.runtime.fwd import attention_fwd
 
-    return attention_fwd(q, k, v, **_runtime_scores(q, k, causal, softcap, window), config=config)[0]
+    return attention_fwd(q, k, v, **_runtime_scores(q, k, causal, softcap, window), config=config,
+                         **_dropout_args(q, dropout))[0]
+
+
+def _dropout_args(q: torch.Tensor, dropout: float) -> dict:
+    """The runtime's dropout arguments: dropout_p and a fresh seed (as the public functions draw one per call)."""
+    return dict(dropout_p=dropout, rng_state=ops.dropout_seed(q, dropout)) if dropout else {}
 
 
 def _runtime_scores(q: torch.Tensor, k: torch.Tensor, causal: bool, softcap: float,
@@ -175,11 +187,13 @@ class _ForcedBackward(torch.autograd.Function):
     """flash_gen's default forward with its backward forced to one tiling (fg:NAME columns of fwd+bwd runs)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal: bool, config: BwdTiling, softcap: float, window: tuple[int, int]):
+    def forward(ctx, q, k, v, causal: bool, config: BwdTiling, softcap: float, window: tuple[int, int],
+                dropout: float):
         from flash_gen.runtime.fwd import attention_fwd
 
         ctx.attn = _runtime_scores(q, k, causal, softcap, window)
-        out, lse = attention_fwd(q, k, v, **ctx.attn)
+        ctx.dropout = _dropout_args(q, dropout)
+        out, lse = attention_fwd(q, k, v, **ctx.attn, **ctx.dropout)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.config = config
         return out
@@ -191,19 +205,21 @@ class _ForcedBackward(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         grads = tuple(torch.empty_like(t) for t in (q, k, v))
         attention_bwd(dout.contiguous(), q, k, v, out, lse, *grads, deterministic=False, config=ctx.config,
-                      **ctx.attn)
-        return (*grads, None, None, None, None)
+                      **ctx.attn, **ctx.dropout)
+        return (*grads, None, None, None, None, None)
 
 
 def _flash_gen_bwd_config(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, config: BwdTiling,
-                          softcap: float = 0.0, window: tuple[int, int] = (-1, -1)) -> torch.Tensor:
-    return _ForcedBackward.apply(q, k, v, causal, config, softcap, window)
+                          softcap: float = 0.0, window: tuple[int, int] = (-1, -1),
+                          dropout: float = 0.0) -> torch.Tensor:
+    return _ForcedBackward.apply(q, k, v, causal, config, softcap, window, dropout)
 
 
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, dropout: float = 0.0) -> torch.Tensor:
     """SDPA with whichever backend the caller's context selects. SDPA takes (batch, heads, seqlen, dim): the
     transposes are views, so every implementation reads the same memory layout."""
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal)
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal,
+                                         dropout_p=dropout)
     return out.transpose(1, 2)
 
 
@@ -273,8 +289,9 @@ def _bench_shape(shape: Shape, impls: dict, timer: Callable, repeats: int, l2_by
         "_spans": spans,  # replaced by each sample's clock and power once the run's monitor has stopped
         "tflops": {name: shape.flops / (t * 1e-3) / 1e12 if t else None for name, t in ms.items()},
         "errors": errors,
-        # SDPA has neither softcap nor windows
-        "max_abs_diff": None if shape.softcap or shape.window != (-1, -1) else _max_abs_diff(sets[0], shape.causal),
+        # SDPA has neither softcap nor windows; with dropout every implementation draws its own mask
+        "max_abs_diff": (None if shape.softcap or shape.window != (-1, -1) or shape.dropout
+                         else _max_abs_diff(sets[0], shape.causal)),
     }
 
 

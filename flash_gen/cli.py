@@ -251,6 +251,9 @@ def _add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--window", type=_window, default=(-1, -1), metavar="LEFT,RIGHT",
                         help="flash_gen's local window, flash_attn's window_size (-1: unbounded; with causal the "
                         "right side is 0); FLOPs count the visible pairs. SDPA has none: run with --peers=")
+    parser.add_argument("--dropout", type=float, default=0.0, metavar="P",
+                        help="dropout_p of every implementation (training: SDPA's FLASH and CUDNN backends take it, "
+                        "FA4 does not); no output check then, as each draws its own mask")
     parser.add_argument("--json", default="bench_fwd.json", help="write every number here (default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=5, help="timings per cell, interleaved; the median is kept")
 

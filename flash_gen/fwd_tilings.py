@@ -35,6 +35,10 @@ def default_configs(key: FwdKey) -> tuple[FwdTiling, ...]:
     lighter = [dataclasses.replace(hopper, persistent=False)] if hopper.persistent else []
     lighter += [dataclasses.replace(hopper, block_m=128)] if hopper.block_m == 192 else []
     lighter += [dataclasses.replace(hopper, block_n=48 if key.kv == "dense" else 32)] if hopper.block_n == 64 else []
+    if key.dropout and hopper.block_n > 64:  # the draws' registers: at head dim 128 causal both 128-key forms spill
+        # 4-12 B and 96-key steps none (NVRTC 13.0, 2026-12-05, docs/dropout.md)
+        narrow = dataclasses.replace(hopper, block_n=hopper.block_n - 32)
+        lighter += [narrow] + ([dataclasses.replace(narrow, persistent=False)] if narrow.persistent else [])
     return (hopper, *(c for c in lighter if spec_sm90.sm90_infeasible_reason(key, c) is None),
             *spec.default_configs(key))
 

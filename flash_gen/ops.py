@@ -25,15 +25,18 @@ from flash_gen.validate import (
     FwdArgs,
     check_bwd,
     check_packed,
+    check_rng_state,
     lse_shape,
     validate_fwd,
     validate_kvcache,
 )
 
-# Trailing arguments every op takes, in this order: the ragged-batch offsets, the attention's semantics and the
-# backward's dQ order. cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
+# Trailing arguments every op takes, in this order: the ragged-batch offsets, the attention's semantics, the
+# backward's dQ order and dropout. cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
 # softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int, softcap: float,
-# alibi_slopes: Optional[Tensor], deterministic: bool
+# alibi_slopes: Optional[Tensor], deterministic: bool, dropout_p: float, rng_state: Optional[Tensor] (the seed
+# the forward draws its keep decisions from and the backward redraws them from: dropout_seed's, an input rather
+# than drawn inside the op, so the op stays a pure function of its arguments for torch.compile and CUDA graphs).
 
 
 class _Checked:
@@ -55,17 +58,19 @@ _checked_memo: BoundedMemo = BoundedMemo(256)
 
 
 def _checked(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left,
-             window_right, softcap, alibi_slopes) -> _Checked:
+             window_right, softcap, alibi_slopes, dropout_p, rng_state) -> _Checked:
+    if dropout_p:
+        check_rng_state(dropout_p, rng_state, q)
     memo_key = None
     if cu_seqlens_q is None and cu_seqlens_k is None:
         memo_key = (layout(q), layout(k), layout(v), softmax_scale, causal, window_left, window_right, softcap,
-                    layout(alibi_slopes))
+                    layout(alibi_slopes), dropout_p)
         entry = _checked_memo.get(memo_key)
         if entry is not None and not (q.data_ptr() | k.data_ptr() | v.data_ptr()) % VECTOR_BYTES:
             return entry
     entry = _Checked(validate_fwd(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                                   softmax_scale=softmax_scale, causal=causal, window_size=(window_left, window_right),
-                                  softcap=softcap, alibi_slopes=alibi_slopes))
+                                  softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p))
     return entry if memo_key is None else _checked_memo.put(memo_key, entry)
 
 
@@ -80,19 +85,29 @@ def _runtime_kwargs(args: FwdArgs, cu_seqlens_q: Optional[Tensor], cu_seqlens_k:
 
 
 def _forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left,
-             window_right, softcap, alibi_slopes) -> tuple[Tensor, Tensor]:
+             window_right, softcap, alibi_slopes, dropout_p, rng_state) -> tuple[Tensor, Tensor]:
     entry = _checked(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right, softcap,
-                     alibi_slopes)
+                     alibi_slopes, dropout_p, rng_state)
     if entry.args.empty:
         return empty_outputs(q, entry.args)
     from flash_gen.runtime.fwd import plan_fwd, run_fwd
 
     plan = entry.plan
     if plan is None:
-        plan = plan_fwd(q, k, v, cu_seqlens_q=cu_seqlens_q, **_score_kwargs(entry.args, alibi_slopes))
+        plan = plan_fwd(q, k, v, cu_seqlens_q=cu_seqlens_q, dropout_p=dropout_p,
+                        **_score_kwargs(entry.args, alibi_slopes))
         if cu_seqlens_q is None:  # memoised entries only: a varlen entry is built per call
             entry.plan = plan
-    return run_fwd(plan, q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
+    return run_fwd(plan, q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
+                   rng_state=rng_state if dropout_p else None)
+
+
+def dropout_seed(like: Tensor, dropout_p: float) -> Optional[Tensor]:
+    """The seed of a dropout call (None without dropout): one int64 drawn by PyTorch's generator on `like`'s
+    device, so torch.manual_seed reproduces the keep decisions and CUDA graphs replay fresh ones."""
+    if not dropout_p:
+        return None
+    return torch.randint(0, 1 << 62, (1,), dtype=torch.int64, device=like.device)
 
 
 def empty_outputs(q: Tensor, args: FwdArgs) -> tuple[Tensor, Tensor]:
@@ -104,9 +119,10 @@ def empty_outputs(q: Tensor, args: FwdArgs) -> tuple[Tensor, Tensor]:
 
 def _backward_into(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dq: Tensor, dk: Tensor,
                    dv: Tensor, *attn) -> None:
-    cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, det = attn
+    (cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, det,
+     dropout_p, rng_state) = attn
     args = _checked(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right, softcap,
-                    alibi_slopes).args
+                    alibi_slopes, dropout_p, rng_state).args
     dout = check_bwd(dout, q, out, lse, det, args.varlen)
     if args.empty:
         for g in (dq, dk, dv):
@@ -114,7 +130,8 @@ def _backward_into(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
         return
     from flash_gen.runtime.bwd import attention_bwd
 
-    attention_bwd(dout, q, k, v, out, lse, dq, dk, dv, deterministic=det,
+    attention_bwd(dout, q, k, v, out, lse, dq, dk, dv, deterministic=det, dropout_p=dropout_p,
+                  rng_state=rng_state if dropout_p else None,
                   **_runtime_kwargs(args, cu_seqlens_q, cu_seqlens_k, alibi_slopes))
 
 
@@ -179,9 +196,10 @@ def call(op, *args):
 @_custom_op("flash_gen::fwd")
 def fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
         softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int, softcap: float,
-        alibi_slopes: Optional[Tensor], deterministic: bool) -> tuple[Tensor, Tensor]:
+        alibi_slopes: Optional[Tensor], deterministic: bool, dropout_p: float,
+        rng_state: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     return _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right, softcap,
-                    alibi_slopes)
+                    alibi_slopes, dropout_p, rng_state)
 
 
 @fwd.register_fake
@@ -193,10 +211,10 @@ def _(q, k, v, cu_seqlens_q, *attn):
 def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Optional[Tensor],
         cu_seqlens_k: Optional[Tensor], softmax_scale: Optional[float], causal: bool, window_left: int,
         window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
-        deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+        deterministic: bool, dropout_p: float, rng_state: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
     dq, dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
     _backward_into(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal,
-                   window_left, window_right, softcap, alibi_slopes, deterministic)
+                   window_left, window_right, softcap, alibi_slopes, deterministic, dropout_p, rng_state)
     return dq, dk, dv
 
 
@@ -211,10 +229,11 @@ def _(dout, q, k, v, out, lse, *attn):
 @_custom_op("flash_gen::fwd_kvpacked")
 def fwd_kvpacked(q: Tensor, kv: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
                  softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int, softcap: float,
-                 alibi_slopes: Optional[Tensor], deterministic: bool) -> tuple[Tensor, Tensor]:
+                 alibi_slopes: Optional[Tensor], deterministic: bool, dropout_p: float,
+        rng_state: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     check_packed("kv", kv, 2, cu_seqlens_q is not None)
     return _forward(q, *_parts(kv, 2), cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right,
-                    softcap, alibi_slopes)
+                    softcap, alibi_slopes, dropout_p, rng_state)
 
 
 @fwd_kvpacked.register_fake
@@ -226,11 +245,12 @@ def _(q, kv, cu_seqlens_q, *attn):
 def bwd_kvpacked(dout: Tensor, q: Tensor, kv: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Optional[Tensor],
                  cu_seqlens_k: Optional[Tensor], softmax_scale: Optional[float], causal: bool, window_left: int,
                  window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
-                 deterministic: bool) -> tuple[Tensor, Tensor]:
+                 deterministic: bool, dropout_p: float, rng_state: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dkv = torch.empty_like(kv, memory_format=torch.contiguous_format)
     _backward_into(dout, q, *_parts(kv, 2), out, lse, dq, *_parts(dkv, 2), cu_seqlens_q, cu_seqlens_k,
-                   softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, deterministic)
+                   softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, deterministic, dropout_p,
+                   rng_state)
     return dq, dkv
 
 
@@ -245,10 +265,11 @@ def _(dout, q, kv, out, lse, *attn):
 @_custom_op("flash_gen::fwd_qkvpacked")
 def fwd_qkvpacked(qkv: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
                   softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int, softcap: float,
-                  alibi_slopes: Optional[Tensor], deterministic: bool) -> tuple[Tensor, Tensor]:
+                  alibi_slopes: Optional[Tensor], deterministic: bool, dropout_p: float,
+        rng_state: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     check_packed("qkv", qkv, 3, cu_seqlens_q is not None)
     return _forward(*_parts(qkv, 3), cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right,
-                    softcap, alibi_slopes)
+                    softcap, alibi_slopes, dropout_p, rng_state)
 
 
 @fwd_qkvpacked.register_fake
@@ -259,10 +280,11 @@ def _(qkv, cu_seqlens_q, *attn):
 @_custom_op("flash_gen::bwd_qkvpacked")
 def bwd_qkvpacked(dout: Tensor, qkv: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Optional[Tensor],
                   cu_seqlens_k: Optional[Tensor], softmax_scale: Optional[float], causal: bool, window_left: int,
-                  window_right: int, softcap: float, alibi_slopes: Optional[Tensor], deterministic: bool) -> Tensor:
+                  window_right: int, softcap: float, alibi_slopes: Optional[Tensor], deterministic: bool,
+                  dropout_p: float, rng_state: Optional[Tensor]) -> Tensor:
     dqkv = torch.empty_like(qkv, memory_format=torch.contiguous_format)
     _backward_into(dout, *_parts(qkv, 3), out, lse, *_parts(dqkv, 3), cu_seqlens_q, cu_seqlens_k, softmax_scale,
-                   causal, window_left, window_right, softcap, alibi_slopes, deterministic)
+                   causal, window_left, window_right, softcap, alibi_slopes, deterministic, dropout_p, rng_state)
     return dqkv
 
 
@@ -353,13 +375,13 @@ def _(q, *args):
 
 # --- autograd -------------------------------------------------------------------------------------------------
 
-_N_ATTN = 9  # trailing non-differentiable arguments
-_TENSOR_ARGS = (0, 1, 7)  # cu_seqlens_q, cu_seqlens_k, alibi_slopes among them
+_N_ATTN = 11  # trailing non-differentiable arguments
+_TENSOR_ARGS = (0, 1, 7, 10)  # cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng_state among them
 
 
 def _register_autograd(fwd_op, bwd_op, n_inputs: int) -> None:
     """Gradients of `fwd_op`'s first `n_inputs` tensors come from `bwd_op(dout, *inputs, out, lse, *attn)`; the
-    attention arguments get None (cu_seqlens and alibi_slopes are buffers, not parameters)."""
+    attention arguments get None (cu_seqlens, alibi_slopes and the dropout seed are buffers, not parameters)."""
 
     def setup_context(ctx, inputs, output):
         attn = list(inputs[n_inputs:])

@@ -20,7 +20,8 @@ DTYPES = ("fp16", "bf16")
 MASKS = ("none", "causal", "local")
 KV_LAYOUTS = ("dense", "cache", "paged")
 # Boolean FwdKey fields, in name order, with their name tokens.
-_FEATURES = {"softcap": "softcap", "alibi": "alibi", "varlen": "varlen", "split": "split", "pack_gqa": "packgqa"}
+_FEATURES = {"softcap": "softcap", "alibi": "alibi", "varlen": "varlen", "split": "split", "pack_gqa": "packgqa",
+             "dropout": "dropout"}
 HEAD_DIMS = tuple(range(8, 257, 8))
 
 # Per-arch limits used to prune configs before compiling (dynamic shared memory per block, in bytes).
@@ -48,6 +49,12 @@ def bucket_name(direction: str, seqlen_k: int) -> str:
         if limit == 0 or seqlen_k <= limit:
             return name
     return BUCKETS[direction][-1][0]
+
+
+def dropout_keep_threshold(dropout_p: float) -> int:
+    """Kernels keep a score when its 16 random bits (templates/include/flash_gen/philox.cuh) are below this:
+    round((1 - dropout_p) * 2^16), so the keep probability is (1 - dropout_p) to within 2^-17."""
+    return min(1 << 16, round((1.0 - dropout_p) * (1 << 16)))
 
 
 def mma_head_dim(head_dim: int) -> int:
@@ -79,6 +86,10 @@ class FwdKey:
     # tile is read once per group instead of once per query head (decoding reads little else) and few query rows
     # still fill a tile (the runtime packs dense calls where that needs fewer tiles: fwd_tilings.pack_gqa_pays).
     pack_gqa: bool = False
+    # Attention dropout (flash_attn's dropout_p): kept probabilities scaled by 1/(1 - p), the keep decisions drawn
+    # per score from the call's seed (templates/include/flash_gen/philox.cuh). Training calls only: dense K/V, one
+    # head per tile row.
+    dropout: bool = False
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
@@ -97,6 +108,8 @@ class FwdKey:
             raise ValueError("pack_gqa stacks the heads of dense query batches, not packed ragged ones")
         if self.pack_gqa and self.alibi:
             raise ValueError("pack_gqa stacks several heads in one tile; ALiBi's per-head slopes need one head")
+        if self.dropout and (self.kv != "dense" or self.pack_gqa):
+            raise ValueError("dropout is built for dense K/V with one query head per tile row")
 
     @property
     def name(self) -> str:
@@ -241,7 +254,7 @@ def enumerate_keys(
     masks: tuple[str, ...] = MASKS,
     varlen: tuple[bool, ...] = (False, True),
 ) -> Iterator[FwdKey]:
-    """The forward key space: every (arch, dtype, head dim, mask, softcap, alibi, varlen) combination."""
+    """The forward key space: every (arch, dtype, head dim, mask, softcap, alibi, varlen, dropout) combination."""
     layouts = [(packed, kv, False, False) for packed in varlen for kv in KV_LAYOUTS] + [
         (False, kv, True, pack) for kv in KV_LAYOUTS for pack in (False, True)
     ] + [(False, kv, False, True) for kv in KV_LAYOUTS]
@@ -249,6 +262,8 @@ def enumerate_keys(
         for softcap, alibi, (packed, kv, split, pack) in itertools.product((False, True), (False, True), layouts):
             if not (alibi and pack):
                 yield FwdKey(arch, dtype, hd, mask, softcap, alibi, packed, kv, split, pack)
+            if kv == "dense" and not pack:
+                yield FwdKey(arch, dtype, hd, mask, softcap, alibi, packed, kv, split, pack, dropout=True)
 
 
 def enumerate_configs(key: FwdKey) -> Iterator[FwdConfig]:

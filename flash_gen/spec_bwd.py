@@ -36,6 +36,7 @@ class BwdKey:
     alibi: bool = False
     varlen: bool = False
     deterministic: bool = False
+    dropout: bool = False  # the forward's dropout, redrawn from its seed
 
     def __post_init__(self) -> None:
         self.fwd  # validates the shared fields
@@ -43,7 +44,8 @@ class BwdKey:
     @property
     def fwd(self) -> FwdKey:
         """The forward key with the same semantics (whose lse the backward consumes)."""
-        return FwdKey(self.arch, self.dtype, self.head_dim, self.mask, self.softcap, self.alibi, self.varlen)
+        return FwdKey(self.arch, self.dtype, self.head_dim, self.mask, self.softcap, self.alibi, self.varlen,
+                      dropout=self.dropout)
 
     @property
     def name(self) -> str:
@@ -205,4 +207,5 @@ def bwd_key_from_name(name: str) -> BwdKey:
     fwd = key_from_name("fwd" + name[3 : -len("_det")] if deterministic else "fwd" + name[3:])
     if fwd.kv != "dense" or fwd.split or fwd.pack_gqa:
         raise ValueError(f"backward keys have no KV-cache features: {name!r}")
-    return BwdKey(fwd.arch, fwd.dtype, fwd.head_dim, fwd.mask, fwd.softcap, fwd.alibi, fwd.varlen, deterministic)
+    return BwdKey(fwd.arch, fwd.dtype, fwd.head_dim, fwd.mask, fwd.softcap, fwd.alibi, fwd.varlen, deterministic,
+                  fwd.dropout)

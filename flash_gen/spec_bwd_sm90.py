@@ -130,6 +130,8 @@ def sm90_bwd_infeasible_reason(key: BwdKey, cfg: Sm90BwdConfig) -> str | None:
         return f"wgmma kernels are built for sm90, not {key.arch}"
     if key.softcap and split_head_dim(key):
         return "softcap: head dims up to 128 (split, warpgroup 1 forms dS^T without the scores' tanh)"
+    if key.dropout:
+        return "dropout: the portable kernel (S^T's accumulator layout would need the keep decisions transposed)"
     if cfg.block_n != (64 if split_head_dim(key) else 128):
         return "block_n: 64 when the warpgroups split the head dim (256), else 128"
     d = sm90_bwd_head_dim(key)

@@ -112,10 +112,13 @@ def check_fwd(
     entry b holds its cu_seqlens_k[b+1] - cu_seqlens_k[b] keys in its pages; seqlen_k is then pages x page_size.
     Raises TypeError, ValueError or NotImplementedError naming the argument; returns the normalized `FwdArgs`.
     """
-    _check_unsupported(dropout_p, return_attn_probs)
+    dropout_p = check_dropout_p(dropout_p)
+    _check_bool("return_attn_probs", return_attn_probs)
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     if block_table is not None and not varlen:
         raise ValueError("block_table: a paged K/V cache here needs cu_seqlens_q/k (or use flash_attn_with_kvcache)")
+    if block_table is not None and dropout_p > 0:
+        raise NotImplementedError("dropout_p: not with block_table (a paged K/V cache serves inference; no dropout)")
     dims, layout = (3, "(total, nheads, head_dim)") if varlen else (4, "(batch, seqlen, nheads, head_dim)")
     kv_dims, kv_layout = (4, "(num_blocks, page_size, nheads_k, head_dim)") if block_table is not None else (
         dims, layout)
@@ -239,13 +242,15 @@ def check_attn_args(
 ) -> tuple:
     """The public functions' non-tensor arguments, checked (errors name them) and flattened into the trailing
     arguments of flash_gen.ops: (softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
-    deterministic). Pure Python on plain values, so torch.compile traces it without a graph break."""
-    _check_unsupported(dropout_p, return_attn_probs)
+    deterministic, dropout_p); the op's last argument, the dropout seed, comes from flash_gen.ops.dropout_seed.
+    Pure Python on plain values, so torch.compile traces it without a graph break."""
+    dropout_p = check_dropout_p(dropout_p)
+    _check_bool("return_attn_probs", return_attn_probs)  # (out, softmax_lse, None): see flash_gen.api._outputs
     if softmax_scale is not None:
         softmax_scale = _check_positive("softmax_scale", softmax_scale)
     left, right = _check_window(window_size)
     return (softmax_scale, _check_bool("causal", causal), left, right, _check_softcap(softcap), alibi_slopes,
-            _check_bool("deterministic", deterministic))
+            _check_bool("deterministic", deterministic), dropout_p)
 
 
 @dataclass(frozen=True)
@@ -472,14 +477,24 @@ def lse_shape(q: torch.Tensor, varlen: bool) -> tuple[int, ...]:
     return (b, h, s)
 
 
-def _check_unsupported(dropout_p: float, return_attn_probs: bool) -> None:
+def check_dropout_p(dropout_p: object) -> float:
+    """dropout_p as a float in [0, 1) (1 would drop every probability and scale the rest by infinity)."""
     if not _is_real(dropout_p):
         raise TypeError(f"dropout_p: expected a float, got {type(dropout_p).__name__}")
-    if not 0.0 <= dropout_p <= 1.0:
-        raise ValueError(f"dropout_p: must be in [0, 1], got {dropout_p!r}")
-    if dropout_p > 0:
-        raise NotImplementedError(f"dropout_p: dropout is not implemented yet in flash_gen (got {dropout_p})")
-    _check_bool("return_attn_probs", return_attn_probs)  # without dropout: (out, softmax_lse, None), as flash_attn
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p: must be in [0, 1), got {dropout_p!r}")
+    return float(dropout_p)
+
+
+def check_rng_state(dropout_p: float, rng_state: torch.Tensor | None, q: torch.Tensor) -> None:
+    """A dropout call's seed (flash_gen.ops.dropout_seed): an int64 tensor on q's device, seed in element 0."""
+    check_dropout_p(dropout_p)
+    if dropout_p == 0:
+        return
+    _require_tensor("rng_state", rng_state)
+    if rng_state.dtype != torch.int64 or rng_state.numel() < 1 or rng_state.device != q.device:
+        raise ValueError(f"rng_state: expected an int64 tensor of at least one element on {q.device}, got "
+                         f"{rng_state.dtype} {tuple(rng_state.shape)} on {rng_state.device}")
 
 
 def _require_tensor(name: str, t: object) -> None:

@@ -1,7 +1,8 @@
 """Compile, on a machine without a GPU, every kernel the GPU tests and the default benchmark will ask for, into
 a kernel cache folder that a lent GPU machine then reads, so its minutes go to testing instead of NVRTC.
 
-    python3 scripts/prebuild_gpu_test_kernels.py [--arch sm90] [--out .kernels] [--suites fwd,bwd,varlen,kvcache,bench,sm90]
+    python3 scripts/prebuild_gpu_test_kernels.py [--arch sm90] [--out .kernels]
+        [--suites fwd,bwd,varlen,kvcache,bench,sm90,dropout]
 
 (--suites bwd limits it to one test module's kernels.) Then carry the folder (device tool: carry [".whl", ".kernels"],
 or with --archive .kernels.tar.xz carry [".whl", ".kernels.tar.xz"] when the folder is too big); scripts/device_check.sh points
@@ -37,9 +38,11 @@ SM90_BENCH_CONFIGS = ("wgm128n128s2_persist", "wgm192n128s2p_persist", "wgm128n1
 H200_SMS = 132  # the GPU the prebuilt kernels serve (runtime.fwd's dense route for int cache lengths)
 
 
-def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvcache", "bench", "sm90")) -> set:
-    """(key, config) pairs requested by tests/test_{fwd,bwd,varlen,kvcache}_gpu.py (suites "fwd", "bwd",
-    "varlen", "kvcache") and by `flash-gen bench`'s default shapes and the benchmarks/ scripts ("bench")."""
+def variants(arch: str,
+             suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvcache", "bench", "sm90", "dropout")) -> set:
+    """(key, config) pairs requested by tests/test_{fwd,bwd,varlen,kvcache,dropout}_gpu.py (suites "fwd", "bwd",
+    "varlen", "kvcache", "dropout") and by `flash-gen bench`'s default shapes and the benchmarks/ scripts
+    ("bench")."""
     import test_bwd_gpu as tb
     import test_fwd_gpu as t
     import test_kvcache_gpu as tk
@@ -60,14 +63,14 @@ def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvca
 
     def default(dtype: str, head_dim: int, mask: str, softcap: bool = False, alibi: bool = False,
                 varlen: bool = False, kv: str = "dense", split: bool = False, pack: bool = False,
-                portable: bool = False) -> tuple:
+                portable: bool = False, dropout: bool = False) -> tuple:
         """The key's default tiling; `portable`: the portable kernel's (decoding steps over a KV cache)."""
-        key = FwdKey(arch, dtype, head_dim, mask, softcap, alibi, varlen, kv, split, pack)
+        key = FwdKey(arch, dtype, head_dim, mask, softcap, alibi, varlen, kv, split, pack, dropout)
         return key, portable_config(key) if portable else default_config(key)
 
     def default_bwd(dtype: str, head_dim: int, mask: str, softcap: bool = False, alibi: bool = False,
-                    deterministic: bool = False, varlen: bool = False) -> tuple:
-        key = BwdKey(arch, dtype, head_dim, mask, softcap, alibi, varlen, deterministic)
+                    deterministic: bool = False, varlen: bool = False, dropout: bool = False) -> tuple:
+        key = BwdKey(arch, dtype, head_dim, mask, softcap, alibi, varlen, deterministic, dropout)
         return key, bwd_tilings.default_config(key)
 
     out = set()
@@ -174,6 +177,25 @@ def variants(arch: str, suites: tuple[str, ...] = ("fwd", "bwd", "varlen", "kvca
         out.update(default("bf16", 128, "none", kv="cache", split=split, pack=True) for split in (False, True))
         # benchmarks/bench_dense_split.py: split dense calls, MHA and packed
         out.update(default("bf16", 128, "none", split=True, pack=pack) for pack in (False, True))
+    if "dropout" in suites:  # tests/test_dropout_gpu.py
+        import test_dropout_gpu as td
+
+        forced = [(c, config_from_name(name)) for c, name in td.FWD_TILINGS]
+        for c, cfg in [(c, None) for c in td.CASES] + forced:
+            mask, _ = derive_mask(*t.MASKS[c.mask], c.seqlen_q, c.seqlen_k)
+            feats = (c.feature == "softcap", c.feature.startswith("alibi"))
+            key, default_cfg = default(c.dtype, c.head_dim, mask, *feats, dropout=True)
+            if cfg is None or infeasible_reason(key, cfg) is None:
+                out.add((key, cfg or default_cfg))
+            out.add(default_bwd(c.dtype, c.head_dim, mask, *feats, c.deterministic, dropout=True))
+        for mask in ("none", "causal"):  # the packed-batch tests
+            out.add(default("bf16", 64, mask, varlen=True, dropout=True))
+            out.add(default_bwd("bf16", 64, mask, varlen=True, dropout=True))
+        out.add(default("bf16", 64, "causal", dropout=True))  # the API, torch.compile and CUDA-graph tests
+        out.add(default_bwd("bf16", 64, "causal", dropout=True))
+        out.update(default("fp16", 128, "none", varlen=True, dropout=d) for d in (False, True))  # the varlen API
+        for d, mask in itertools.product((64, 128), ("none", "causal")):  # flash-gen bench --dropout
+            out.update((default("bf16", d, mask, dropout=True), default_bwd("bf16", d, mask, dropout=True)))
     # Tilings the shipped tuning database picks for keys the suites use (the runtime prefers them), their own
     # entries or, for the Hopper forward, those of the head dim they compute.
     from flash_gen.spec import BUCKETS
@@ -190,9 +212,9 @@ def main() -> int:
     parser.add_argument("--arch", default="sm90")
     # FLASH_GEN_CACHE_DIR when set, so a second tree (a branch's git archive) fills the same folder.
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("FLASH_GEN_CACHE_DIR", ROOT / ".kernels")))
-    parser.add_argument("--suites", default="fwd,bwd,varlen,kvcache,bench,sm90",
-                        help="comma list of fwd, bwd, varlen, kvcache, bench, sm90 (Hopper kernel), decode (tiling "
-                        "sweep)")
+    parser.add_argument("--suites", default="fwd,bwd,varlen,kvcache,bench,sm90,dropout",
+                        help="comma list of fwd, bwd, varlen, kvcache, bench, sm90 (Hopper kernel), dropout, decode "
+                        "(tiling sweep)")
     parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--prune", action="store_true",
                         help="only delete cache entries this plan does not use (stale after header changes), "

@@ -110,3 +110,17 @@ def test_unknown_peers_are_refused_with_the_choices(capsys):
     args = bench.argparse.Namespace(peers=("cudnn", "fa5"), softcap=0.0, window=(-1, -1))
     assert bench.run(args) == 2
     assert "unknown ['fa5']; choose from ['flash', 'cudnn', 'fa4']" in capsys.readouterr().err
+
+
+def test_dropout_with_fa4_is_refused(capsys):
+    """FA4 has no dropout: asking for both is an error before any GPU work."""
+    args = bench.argparse.Namespace(peers=("cudnn", "fa4"), softcap=0.0, window=(-1, -1), dropout=0.1)
+    assert bench.run(args) == 2
+    assert "--dropout: FA4 has no dropout" in capsys.readouterr().err
+
+
+def test_cli_takes_dropout():
+    from flash_gen import cli
+
+    args = cli._parser().parse_args(["bench", "--dropout", "0.1", "--peers", "flash,cudnn"])
+    assert args.dropout == 0.1 and args.peers == ("flash", "cudnn")

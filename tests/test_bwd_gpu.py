@@ -234,7 +234,7 @@ def test_bad_backward_inputs_raise():
     from flash_gen import ops
 
     q, k, v, dout, _ = _inputs(Case("bf16", 64, 64, 64, 1, 2, 2, "none"), fresh_seed())
-    attn = (None, None, None, False, -1, -1, 0.0, None, False)
+    attn = (None, None, None, False, -1, -1, 0.0, None, False, 0.0, None)
     out, lse = ops.fwd(q, k, v, *attn)
     with pytest.raises(TypeError, match="^dout"):
         ops.bwd(dout.half(), q, k, v, out, lse, *attn)

@@ -304,7 +304,7 @@ def test_merge_attention_states_is_attention_over_the_union():
 
     gen = torch.Generator(device="cuda").manual_seed(fresh_seed())
     q, k, v = (torch.randn(2, 100, 4, 64, generator=gen, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    attn = (None, None, None, False, -1, -1, 0.0, None, False)
+    attn = (None, None, None, False, -1, -1, 0.0, None, False, 0.0, None)
     out_full, lse_full = ops.fwd(q, k, v, *attn)
     out_a, lse_a = ops.fwd(q, k[:, :37], v[:, :37], *attn)
     out_b, lse_b = ops.fwd(q, k[:, 37:], v[:, 37:], *attn)

@@ -11,7 +11,7 @@ from flash_gen.memo import BoundedMemo
 
 B, SQ, SK, H, HK, D = 2, 100, 37, 6, 2, 72
 # cu_seqlens_q/k, softmax_scale, causal, window, softcap, alibi, deterministic
-ATTN = (None, None, None, True, -1, -1, 0.0, None, False)
+ATTN = (None, None, None, True, -1, -1, 0.0, None, False, 0.0, None)
 TOTAL_Q, TOTAL_K = 150, 90
 
 
@@ -49,10 +49,55 @@ def test_meta_autograd_reaches_the_backward_op():
     assert dqkv.shape == qkv.shape
 
 
+def test_meta_autograd_with_dropout_carries_the_seed_to_the_backward(monkeypatch):
+    """With dropout the public function draws one int64 seed on q's device and hands the same tensor to the
+    forward op; the backward op takes it back among the attention arguments."""
+    seen = []
+    real = ops.dropout_seed
+
+    def recording(like, p):
+        seen.append(real(like, p))
+        return seen[-1]
+
+    monkeypatch.setattr(ops, "dropout_seed", recording)
+    q, k, v = (t.requires_grad_() for t in (meta(B, SQ, H, D), meta(B, SK, HK, D), meta(B, SK, HK, D)))
+    out = api.flash_attn_func(q, k, v, dropout_p=0.1, causal=True)
+    (rng_state,) = seen
+    assert rng_state.dtype == torch.int64 and rng_state.shape == (1,) and rng_state.device == q.device
+    assert ops.dropout_seed(q, 0.0) is None
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), torch.empty_like(out))
+    assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
+    dq, dk, dv = ops.bwd(out, q, k, v, out, torch.empty(B, H, SQ, device="meta"), *ATTN[:-2], 0.1, rng_state)
+    assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
+
+
+def test_dropout_seed_is_checked():
+    from flash_gen.validate import check_rng_state
+
+    q = torch.empty(2, 3, 4, 8, dtype=torch.bfloat16)
+    check_rng_state(0.0, None, q)  # no dropout: no seed needed
+    check_rng_state(0.3, torch.zeros(2, dtype=torch.int64), q)
+    for bad in (None, torch.zeros(1, dtype=torch.int32), torch.zeros(0, dtype=torch.int64),
+                torch.zeros(1, dtype=torch.int64, device="meta")):
+        with pytest.raises((TypeError, ValueError), match="^rng_state"):
+            check_rng_state(0.3, bad, q)
+    with pytest.raises(ValueError, match="^dropout_p"):
+        check_rng_state(1.0, torch.zeros(1, dtype=torch.int64), q)
+
+
+def test_dropout_with_a_paged_cache_says_so():
+    q = torch.randn(10, H, 64, dtype=torch.bfloat16)
+    cache = torch.randn(4, 16, HK, 64, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 10], dtype=torch.int32)
+    table = torch.zeros(1, 4, dtype=torch.int32)
+    with pytest.raises(NotImplementedError, match="^dropout_p"):
+        api.flash_attn_varlen_func(q, cache, cache, cu, cu, 10, 10, dropout_p=0.1, block_table=table)
+
+
 @pytest.mark.parametrize(
     "kwargs,exc,name",
     [
-        (dict(dropout_p=0.1), NotImplementedError, "dropout_p"),
+        (dict(dropout_p=1.0), ValueError, "dropout_p"),
         (dict(causal=1), TypeError, "causal"),
         (dict(deterministic="yes"), TypeError, "deterministic"),
         (dict(window_size=(1.5, 2)), TypeError, "window_size"),
@@ -206,7 +251,8 @@ def test_repeated_layout_skips_validation_but_rechecks_alignment(monkeypatch):
     monkeypatch.setattr(ops, "_checked_memo", BoundedMemo(256))
     calls = _counted(monkeypatch, "validate_fwd")
     q, shifted = _q_and_shifted()
-    attn = (None, None, None, True, -1, -1, 0.0, None)  # cu_seqlens_q/k, softmax_scale, causal, window, softcap, alibi
+    # cu_seqlens_q/k, softmax_scale, causal, window, softcap, alibi, dropout_p, rng_state
+    attn = (None, None, None, True, -1, -1, 0.0, None, 0.0, None)
     first = ops._checked(q, q, q, *attn)
     assert ops._checked(q, q, q, *attn) is first and len(calls) == 1
     assert ops._checked(q, q, q, *attn[:3], False, *attn[4:]) is not first  # other arguments: validated anew

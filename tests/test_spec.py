@@ -29,6 +29,7 @@ KEY_VALUES = {
     "kv": spec.KV_LAYOUTS,
     "split": (False, True),
     "pack_gqa": (False, True),
+    "dropout": (False, True),
 }
 
 
@@ -64,7 +65,7 @@ def test_key_names_round_trip():
         assert spec.key_from_name(key.name) == key
 
 
-@pytest.mark.parametrize("bad", ["", "bwd_sm80_fp16_hd64_none", "fwd_sm80_fp16_64_none", "fwd_sm80_fp16_hd64_none_dropout"])
+@pytest.mark.parametrize("bad", ["", "bwd_sm80_fp16_hd64_none", "fwd_sm80_fp16_64_none", "fwd_sm80_fp16_hd64_none_rope"])
 def test_key_from_name_rejects_garbage(bad):
     with pytest.raises(ValueError):
         spec.key_from_name(bad)
@@ -72,7 +73,7 @@ def test_key_from_name_rejects_garbage(bad):
 
 @pytest.mark.parametrize("field", list(KEY_VALUES))
 def test_changing_any_key_field_changes_the_name(field):
-    base = FwdKey("sm90", "bf16", 128, kv="dense" if field in ("kv", "varlen") else "cache")
+    base = FwdKey("sm90", "bf16", 128, kv="dense" if field in ("kv", "varlen", "dropout") else "cache")
     for value in KEY_VALUES[field]:
         other = dataclasses.replace(base, **{field: value})
         assert (other.name == base.name) == (other == base)

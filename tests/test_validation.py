@@ -77,8 +77,9 @@ BAD_INPUTS = {
     "softmax_scale nan": ("softmax_scale", ValueError, {}, {"softmax_scale": float("nan")}),
     "softmax_scale tensor": ("softmax_scale", TypeError, {}, {"softmax_scale": torch.tensor(0.125)}),
     "causal int": ("causal", TypeError, {}, {"causal": 1}),
-    "dropout_p > 0": ("dropout_p", NotImplementedError, {}, {"dropout_p": 0.1}),
+    "dropout_p 1": ("dropout_p", ValueError, {}, {"dropout_p": 1.0}),
     "dropout_p > 1": ("dropout_p", ValueError, {}, {"dropout_p": 1.5}),
+    "dropout_p < 0": ("dropout_p", ValueError, {}, {"dropout_p": -0.1}),
     "dropout_p str": ("dropout_p", TypeError, {}, {"dropout_p": "0"}),
     "return_attn_probs int": ("return_attn_probs", TypeError, {}, {"return_attn_probs": 1}),
 }
@@ -92,11 +93,10 @@ def test_bad_input_names_the_argument(case):
         check_fwd(q, k, v, **kwargs)
 
 
-def test_not_implemented_says_so():
+def test_dropout_and_probabilities_are_accepted():
     q, k, v = make()
-    with pytest.raises(NotImplementedError, match="not implemented yet"):
-        check_fwd(q, k, v, dropout_p=0.5)
-    check_fwd(q, k, v, return_attn_probs=True)  # without dropout: (out, softmax_lse, None), no probabilities
+    check_fwd(q, k, v, dropout_p=0.5)
+    check_fwd(q, k, v, return_attn_probs=True)  # (out, softmax_lse, None), no probabilities
 
 
 def test_valid_input_is_normalized():

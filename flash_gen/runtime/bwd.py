@@ -24,7 +24,7 @@ from flash_gen.runtime.score_params import (
     set_strides,
     varlen_tiles,
 )
-from flash_gen.spec import bucket_name
+from flash_gen.spec import bucket_name, dropout_keep_threshold
 from flash_gen.spec_bwd import BwdKey
 from flash_gen.spec_bwd_sm90 import Sm90BwdConfig
 from flash_gen.tuned import tuned_config
@@ -60,6 +60,7 @@ class BwdParams(ctypes.Structure):
             )
         ]
         + [(name, ctypes.c_float) for name in ("score_scale", "scale_log2", "alibi_scale", "softmax_scale")]
+        + [("dropout_threshold", ctypes.c_uint), ("dropout_scale", ctypes.c_float), ("rng_state", ctypes.c_void_p)]
     )
 
 
@@ -79,6 +80,7 @@ class Sm90BwdParams(ctypes.Structure):
     getattr(BwdParams, f).offset for f in ("q", "k", "v", "o", "dout", "dq", "dk", "dv", "lse", "lse_log2", "dsum",
                                            "dq_accum", "dq_semaphore", "alibi_slopes", "cu_seqlens_q",
                                            "cu_seqlens_k"))
+_OFF_RNG_STATE = BwdParams.rng_state.offset
 _SM90_BASE = Sm90BwdParams.base.offset
 
 
@@ -108,11 +110,12 @@ def _forced_config(key: BwdKey) -> BwdTiling | None:
 
 
 def _variant(device: int, dtype: str, head_dim: int, mask: str, softcap: bool, alibi: bool, varlen: bool,
-             deterministic: bool, config: BwdTiling | None, bucket: str) -> _Variant:
-    lookup = (device, dtype, head_dim, mask, softcap, alibi, varlen, deterministic, config, bucket)
+             deterministic: bool, config: BwdTiling | None, bucket: str, dropout: bool = False) -> _Variant:
+    lookup = (device, dtype, head_dim, mask, softcap, alibi, varlen, deterministic, config, bucket, dropout)
     var = _variants.get(lookup)
     if var is None:
-        key = BwdKey(driver.device_arch(device), dtype, head_dim, mask, softcap, alibi, varlen, deterministic)
+        key = BwdKey(driver.device_arch(device), dtype, head_dim, mask, softcap, alibi, varlen, deterministic,
+                     dropout)
         cfg = config or _forced_config(key) or tuned_config(key, bucket) or loader.spill_free_config(key)
         why = bwd_tilings.infeasible_reason(key, cfg)
         if why is not None:
@@ -136,7 +139,7 @@ _shapes: BoundedMemo = BoundedMemo(256)
 
 
 def _shape(var: _Variant, tensors: tuple[tuple[str, torch.Tensor], ...], lse: torch.Tensor, batch: int,
-           varlen: bool, **score) -> _Shape:
+           varlen: bool, dropout_p: float, **score) -> _Shape:
     q, k = tensors[0][1], tensors[1][1]
     *lead_q, nheads, head_dim = q.shape
     *lead_k, nheads_k, _ = k.shape
@@ -149,6 +152,8 @@ def _shape(var: _Variant, tensors: tuple[tuple[str, torch.Tensor], ...], lse: to
     set_score_fields(p, batch=batch, nheads=nheads, nheads_k=nheads_k, seqlen_q=seqlen_q, seqlen_k=seqlen_k, **score)
     p.block_m, p.head_dim, p.dq_accum_cols = block_m, head_dim, cols
     p.softmax_scale = score["softmax_scale"]
+    if dropout_p > 0:
+        p.dropout_threshold, p.dropout_scale = dropout_keep_threshold(dropout_p), 1.0 / (1.0 - dropout_p)
     p.lse_batch_stride, p.lse_head_stride = (0, lse.stride(0)) if varlen else lse.stride()[:2]
     # Row-padded fp32 buffers (acc_row0 in bwd_params.cuh), (batch, nheads, rows rounded up to block_m) or
     # (nheads, total_q + batch * block_m): lse_log2, dsum and dq_accum (dq_accum_cols per row) in one allocation
@@ -187,22 +192,27 @@ def attention_bwd(
     cu_seqlens_q: torch.Tensor | None = None,
     cu_seqlens_k: torch.Tensor | None = None,
     config: BwdTiling | None = None,
+    dropout_p: float = 0.0,
+    rng_state: torch.Tensor | None = None,
 ) -> None:
     """Write the gradients of attention into dq, dk, dv (shaped like q, k, v; last dim contiguous, any other
     strides, e.g. views of one packed gradient). dout and out are shaped like q, lse is the forward's float32
     softmax_lse. Arguments as for runtime.fwd.attention_fwd (packed batches included); `deterministic` orders the
-    dQ accumulation so repeated runs give bitwise-equal gradients."""
+    dQ accumulation so repeated runs give bitwise-equal gradients; `dropout_p` > 0 with the forward's `rng_state`
+    redraws its keep decisions."""
     varlen = cu_seqlens_q is not None
     batch = cu_seqlens_q.numel() - 1 if varlen else q.shape[0]
     var = _variant(q.device.index, DTYPES[q.dtype], q.shape[-1], mask_kind(causal, window_size), softcap > 0,
-                   alibi_slopes is not None, varlen, deterministic, config, bucket_name("bwd", k.shape[-3]))
+                   alibi_slopes is not None, varlen, deterministic, config, bucket_name("bwd", k.shape[-3]),
+                   dropout_p > 0)
     tensors = (("q", q), ("k", k), ("v", v), ("o", out), ("do", dout), ("dq", dq), ("dk", dk), ("dv", dv))
     lookup = (var, batch, *(t.shape for t in (q, k)), *(t.stride() for _, t in tensors), lse.stride(), causal,
-              window_size, softmax_scale, softcap, None if alibi_slopes is None else alibi_slopes.stride())
+              window_size, softmax_scale, softcap, None if alibi_slopes is None else alibi_slopes.stride(), dropout_p)
     shape = _shapes.get(lookup)
     if shape is None:
-        shape = _shapes.put(lookup, _shape(var, tensors, lse, batch, varlen, causal=causal, window_size=window_size,
-                                           softmax_scale=softmax_scale, softcap=softcap, alibi_slopes=alibi_slopes))
+        shape = _shapes.put(lookup, _shape(var, tensors, lse, batch, varlen, dropout_p, causal=causal,
+                                           window_size=window_size, softmax_scale=softmax_scale, softcap=softcap,
+                                           alibi_slopes=alibi_slopes))
     f32 = q.new_empty((2 * shape.part + shape.rows * var.head_dim_mma,), dtype=torch.float32)
     base = f32.data_ptr()
     # The shape's template with this call's addresses patched in at launch (driver.Kernel.launch).
@@ -217,6 +227,8 @@ def attention_bwd(
         patches += (_OFF_ALIBI, alibi_slopes.data_ptr())
     if varlen:
         patches += (_OFF_CU_Q, cu_seqlens_q.data_ptr(), _OFF_CU_K, cu_seqlens_k.data_ptr())
+    if rng_state is not None:
+        patches += (_OFF_RNG_STATE, rng_state.data_ptr())
 
     stream = torch._C._cuda_getCurrentRawStream(q.device.index)  # no Stream object per call
     aux_block = (_AUX_THREADS, 1, 1)

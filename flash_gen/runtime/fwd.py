@@ -29,7 +29,7 @@ from flash_gen.runtime.score_params import (
     set_strides,
     varlen_tiles,
 )
-from flash_gen.spec import FwdKey, bucket_name
+from flash_gen.spec import FwdKey, bucket_name, dropout_keep_threshold
 from flash_gen.spec_sm90 import ROWS_PER_CONSUMER, Sm90FwdConfig, sm90_box_cols, sm90_head_dim
 from flash_gen.tuned import tuned_config
 
@@ -58,6 +58,7 @@ class FwdParams(ctypes.Structure):
                          "kv_batches", "page_size", "num_splits", "head_dim")
         ]
         + [(name, ctypes.c_float) for name in ("score_scale", "scale_log2", "alibi_scale")]
+        + [("dropout_threshold", ctypes.c_uint), ("dropout_scale", ctypes.c_float), ("rng_state", ctypes.c_void_p)]
     )
 
 
@@ -76,6 +77,7 @@ _OFF_Q, _OFF_K, _OFF_V, _OFF_O, _OFF_LSE, _OFF_ALIBI, _OFF_CU_Q, _OFF_CU_K, _OFF
                                            "o_partial", "lse_partial"))
 _OFF_SEQUSED_K, _OFF_LEFTPAD_K, _OFF_KV_BATCH_IDX, _OFF_BLOCK_TABLE = (
     getattr(FwdParams, f).offset for f in ("seqused_k", "leftpad_k", "kv_batch_idx", "block_table"))
+_OFF_RNG_STATE = FwdParams.rng_state.offset
 _SM90_BASE = Sm90FwdParams.base.offset
 # seqlen_k (int32) of a KV-cache call with an int length, patched per call into its length class's plan: launch
 # patches are 8 bytes wide, so the patch carries the field that shares its word (window_left) unchanged.
@@ -114,13 +116,13 @@ class KvCache:
 def _variant(
     device: int, dtype: str, head_dim: int, mask: str, softcap: bool, alibi: bool, varlen: bool,
     config: FwdTiling | None, kv: str = "dense", split: bool = False, pack_gqa: bool = False,
-    bucket: str = "",
+    bucket: str = "", dropout: bool = False,
 ) -> _Variant:
-    lookup = (device, dtype, head_dim, mask, softcap, alibi, varlen, config, kv, split, pack_gqa, bucket)
+    lookup = (device, dtype, head_dim, mask, softcap, alibi, varlen, config, kv, split, pack_gqa, bucket, dropout)
     var = _variants.get(lookup)
     if var is None:
         arch = driver.device_arch(device)
-        key = FwdKey(arch, dtype, head_dim, mask, softcap, alibi, varlen, kv, split, pack_gqa)
+        key = FwdKey(arch, dtype, head_dim, mask, softcap, alibi, varlen, kv, split, pack_gqa, dropout)
         cfg = config or _config(key, bucket)
         why = fwd_tilings.infeasible_reason(key, cfg)
         if why is not None:
@@ -182,8 +184,14 @@ def plan_fwd(
     config: FwdTiling | None = None,
     pack_gqa: bool | None = None,
     num_splits: int = 0,
+    dropout_p: float = 0.0,
 ) -> FwdPlan:
-    """The plan of an attention_fwd call (same arguments; only the shapes and strides of the tensors count)."""
+    """The plan of an attention_fwd call (same arguments; only the shapes and strides of the tensors count). With
+    dropout: neither split-KV nor pack-GQA (training shapes fill the SMs), the keep threshold and scale in the
+    plan's own parameters (the seed's address is patched in per call: run_fwd's rng_state)."""
+    dropout = dropout_p > 0
+    if dropout and (block_table is not None or pack_gqa or num_splits > 1):
+        raise ValueError("dropout_p: dropout runs on dense or packed K/V, one query head per tile row, unsplit")
     varlen = cu_seqlens_q is not None
     batch = cu_seqlens_q.numel() - 1 if varlen else q.shape[0]
     kv, seqlen_k = "dense", k.shape[-3]  # the total when varlen
@@ -201,14 +209,15 @@ def plan_fwd(
     if num_splits < 0 or (num_splits > 1 and (varlen or kv != "dense")):
         raise ValueError(f"num_splits must be >= 0 (0: chosen here), and 0 or 1 for packed or paged batches; got "
                          f"{num_splits}")
-    if not varlen and kv == "dense" and (num_splits > 1 or (num_splits == 0 and config is None and pack_gqa is None)):
+    if (not varlen and kv == "dense" and not dropout
+            and (num_splits > 1 or (num_splits == 0 and config is None and pack_gqa is None))):
         split = _split_plan(features, q, shape, seqlen_k, nheads_k, num_splits, config, pack_gqa)
         if split is not None:
             return split
     if pack_gqa is None:
-        pack_gqa = kv == "dense" and fwd_tilings.pack_gqa_pays(
+        pack_gqa = kv == "dense" and not dropout and fwd_tilings.pack_gqa_pays(
             FwdKey(driver.device_arch(device), *features[1:]), seqlen_q, group)
-    var = _variant(*features, config, kv, pack_gqa=pack_gqa, bucket=bucket_name("fwd", seqlen_k))
+    var = _variant(*features, config, kv, pack_gqa=pack_gqa, bucket=bucket_name("fwd", seqlen_k), dropout=dropout)
     if varlen:
         grid = (varlen_tiles(seqlen_q, batch, var.cfg.block_m), nheads, 1)
     elif pack_gqa:  # tiles of a KV head's whole group of query heads
@@ -222,7 +231,11 @@ def plan_fwd(
         tiles = -(-grid[0] // cluster) * cluster * grid[1] * grid[2]
         resident = driver.sm_count(device) * var.cfg.ctas_per_sm // cluster * cluster
         grid = (min(tiles, resident) if var.cfg.persistent else tiles, 1, 1)
-    return FwdPlan(var, shape, grid, q.device)
+    params = None
+    if dropout:
+        params = FwdParams.from_buffer_copy(shape.params)
+        params.dropout_threshold, params.dropout_scale = dropout_keep_threshold(dropout_p), 1.0 / (1.0 - dropout_p)
+    return FwdPlan(var, shape, grid, q.device, params=params)
 
 
 def _split_plan(features: tuple, q: torch.Tensor, shape: _Shape, seqlen_k: int, nheads_k: int, num_splits: int,
@@ -284,9 +297,11 @@ def run_fwd(
     out: torch.Tensor | None = None,
     cache: KvCache | None = None,
     seqlen_k: int | None = None,
+    rng_state: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch a planned forward on tensors laid out as the plan's; returns (out, softmax_lse). `cache`: a KV-cache
-    call's index tensors (block_table is then the cache's); `seqlen_k`: its int length, over the plan's own."""
+    call's index tensors (block_table is then the cache's); `seqlen_k`: its int length, over the plan's own;
+    `rng_state`: a dropout plan's seed (int64, element 0)."""
     var, shape = plan.var, plan.shape
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)  # cheaper than torch.empty(shape, ...)
@@ -301,6 +316,8 @@ def run_fwd(
         patches += (_OFF_CU_Q, cu_seqlens_q.data_ptr(), _OFF_CU_K, cu_seqlens_k.data_ptr())
     if block_table is not None:
         patches += (_OFF_BLOCK_TABLE, block_table.data_ptr())
+    if rng_state is not None:
+        patches += (_OFF_RNG_STATE, rng_state.data_ptr())
     if cache is not None:
         for offset, t in ((_OFF_SEQUSED_K, cache.seqused_k), (_OFF_LEFTPAD_K, cache.leftpad_k),
                           (_OFF_KV_BATCH_IDX, cache.batch_idx), (_OFF_BLOCK_TABLE, cache.block_table)):
@@ -335,6 +352,8 @@ def attention_fwd(
     config: FwdTiling | None = None,
     pack_gqa: bool | None = None,
     num_splits: int = 0,
+    dropout_p: float = 0.0,
+    rng_state: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward attention on validated inputs; returns (out, softmax_lse).
 
@@ -348,18 +367,20 @@ def attention_fwd(
     pack-GQA on or off for dense batches (None: where fwd_tilings.pack_gqa_pays says so). `num_splits` > 1
     splits a dense batch's keys over that many CTAs per query tile (then a combine kernel merges them), 1 never
     splits, 0 splits where few query tiles leave SMs idle (_split_plan; not when `config` or `pack_gqa` is forced).
-    The plan is kept per argument layout (_plans).
+    `dropout_p` > 0 drops probabilities with keep decisions drawn from `rng_state[0]` (int64; flash_gen.ops.fwd)
+    (neither pack-GQA nor splits then). The plan is kept per argument layout (_plans).
     """
     lookup = (layout(q), layout(k), layout(v), None if out is None else out.stride(), softmax_scale, causal,
               window_size, softcap, layout(alibi_slopes), layout(cu_seqlens_q), layout(block_table), config,
-              pack_gqa, num_splits)
+              pack_gqa, num_splits, dropout_p)
     plan = _plans.get(lookup)
     if plan is None:
         plan = _plans.put(lookup, plan_fwd(q, k, v, softmax_scale=softmax_scale, causal=causal,
                                            window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
                                            cu_seqlens_q=cu_seqlens_q, block_table=block_table, out=out,
-                                           config=config, pack_gqa=pack_gqa, num_splits=num_splits))
-    return run_fwd(plan, q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, block_table, out)
+                                           config=config, pack_gqa=pack_gqa, num_splits=num_splits,
+                                           dropout_p=dropout_p))
+    return run_fwd(plan, q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, block_table, out, rng_state=rng_state)
 
 
 # attention_fwd's plans by argument layout (all plan_fwd reads): planning walks the tiling chain and the split

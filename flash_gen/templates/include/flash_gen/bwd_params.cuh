@@ -50,6 +50,11 @@ struct BwdParams {
   float scale_log2;     // as in FwdParams
   float alibi_scale;    // as in FwdParams
   float softmax_scale;  // dQ and dK are softmax_scale * (dS K) and softmax_scale * (dS^T Q)
+
+  // The forward's dropout, as in FwdParams (last, so the other fields keep their offsets).
+  unsigned dropout_threshold;
+  float dropout_scale;
+  const int64_t* rng_state;
 };
 
 // Row of the padded fp32 buffers where (batch, head)'s query rows start. Dense: (batch, nheads, rows rounded

@@ -4,6 +4,8 @@
 //   S = Q K^T, P = exp2(S * scale_log2 - lse_log2)        (recomputed from the forward's lse, never stored)
 //   dP = dO V^T, dS = P * (dP - rowsum(dO * O))           (times 1 - tanh^2 under softcap)
 //   dV += P^T dO, dK += dS^T Q,  dQ_accum += dS K         (dQ in fp32 through atomics; converted afterwards)
+// With dropout (keep mask Z, scale 1/(1-p)), dV takes Z * P / (1-p) and dS = P * (Z * dP / (1-p) - rowsum(dO * O)):
+// the forward's output already held the dropout, so the row sums need no change.
 // P and dS go through shared memory because the dK/dV GEMMs read them transposed.
 // Deterministic kernels order the dQ additions of the CTAs that share a query tile with a per-tile semaphore,
 // so every run adds in the same order.
@@ -12,6 +14,7 @@
 #include "flash_gen/bwd_dq.cuh"
 #include "flash_gen/bwd_key_tile.cuh"
 #include "flash_gen/bwd_params.cuh"
+#include "flash_gen/dropout.cuh"
 #include "flash_gen/score_mods.cuh"  // fast_tanh: the forward's softcap
 #include "flash_gen/seq_info.cuh"
 #include "flash_gen/sm80_ldsm.cuh"
@@ -21,7 +24,7 @@ namespace flash_gen {
 
 template <class Element_, int kHeadDim_, int kHeadDimMma_, int kBlockM_, int kBlockN_, int kNWarps_,
           int kWarpsMSdP_, int kWarpsNdKV_, int kWarpsMdQ_, int kStages_, Mask kMask_, bool kSoftcap_,
-          bool kAlibi_, bool kVarlen_, bool kDeterministic_>
+          bool kAlibi_, bool kVarlen_, bool kDeterministic_, bool kDropout_>
 struct BwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;        // what loads and stores touch
@@ -36,6 +39,7 @@ struct BwdTraits {
   static constexpr bool kAlibi = kAlibi_;
   static constexpr bool kVarlen = kVarlen_;
   static constexpr bool kDeterministic = kDeterministic_;
+  static constexpr bool kDropout = kDropout_;
   static constexpr int kWarpsMSdP = kWarpsMSdP_, kWarpsNdKV = kWarpsNdKV_, kWarpsMdQ = kWarpsMdQ_;
 
   // Warps tile a GEMM's (M, N) as kWarpsM x (kNWarps / kWarpsM); N = 16 per warp step so one ldmatrix.x4
@@ -189,6 +193,7 @@ __device__ __forceinline__ void bwd_kernel(BwdParams const& p) {
     float* dq_acc_ptr = p.dq_accum + acc0 * kD;
     float slope = 0.f;
     if constexpr (T::kAlibi) slope = p.alibi_slopes[batch * p.alibi_batch_stride + head] * p.alibi_scale;
+    const DropoutRng rng = make_dropout_rng<T::kDropout>(p, batch, head);
 
     auto load_q_do = [&](int m, int stage) {
       const int rows = seqlen_q - m * kBlockM;
@@ -244,7 +249,18 @@ __device__ __forceinline__ void bwd_kernel(BwdParams const& p) {
         CUTE_UNROLL
         for (int c = 0; c < size<1>(s); ++c) s(r, c) = fast_exp2(s(r, c) * p.scale_log2 - lse_log2[r]);
       }
-      Tensor p_frag = convert_to<Element>(acc_s);
+      if constexpr (T::kDropout) {
+        // The sign of P carries the keep decision to dS (P >= 0; a dropped 0 reads as kept, which changes nothing).
+        // A warp holds both n8 halves of a 16-key tile unless the warps split the keys.
+        dropout_scores<kWnS == 1>(s, tScS_rc, row0, col0, rng, [](float& x, bool kept) { x = kept ? x : -x; });
+      }
+      Tensor p_frag = [&] {
+        if constexpr (T::kDropout) {
+          return kept_probs<Element>(acc_s, p.dropout_scale);
+        } else {
+          return convert_to<Element>(acc_s);
+        }
+      }();
       copy(copy_p, thr_copy_p.retile_S(p_frag), tPsP);
 
       Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
@@ -258,7 +274,12 @@ __device__ __forceinline__ void bwd_kernel(BwdParams const& p) {
       for (int r = 0; r < kRows; ++r) {
         CUTE_UNROLL
         for (int c = 0; c < size<1>(ds); ++c) {
-          ds(r, c) = s(r, c) * (ds(r, c) - dsum[r]);
+          if constexpr (T::kDropout) {
+            const float prob = s(r, c);
+            ds(r, c) = fabsf(prob) * ((prob >= 0.f ? ds(r, c) * p.dropout_scale : 0.f) - dsum[r]);
+          } else {
+            ds(r, c) = s(r, c) * (ds(r, c) - dsum[r]);
+          }
           if constexpr (T::kSoftcap) ds(r, c) *= dtanh(r, c);
         }
       }

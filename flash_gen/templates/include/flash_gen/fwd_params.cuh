@@ -47,6 +47,13 @@ struct FwdParams {
   float score_scale;  // softcap only: QK^T is multiplied by softmax_scale / softcap before tanh
   float scale_log2;   // turns a score into a base-2 logit: softmax_scale*log2(e), or softcap*log2(e)
   float alibi_scale;  // turns slope*distance into score units: 1/softmax_scale, or 1/softcap
+
+  // Dropout (last, so the other fields keep their offsets in kernels built without it): a score is kept when its
+  // 16 random bits (philox.cuh) are below dropout_threshold, and its probability then scaled by dropout_scale =
+  // 1 / (1 - dropout_p). rng_state[0] is the call's seed; nullptr without dropout.
+  unsigned dropout_threshold;
+  float dropout_scale;
+  const int64_t* rng_state;
 };
 
 }  // namespace flash_gen

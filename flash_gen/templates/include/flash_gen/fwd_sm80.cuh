@@ -4,6 +4,7 @@
 // softmax with the scale folded into one FMA; masking costs only the tiles that a mask or a sequence end cuts.
 #pragma once
 #include "flash_gen/attn_mask.cuh"
+#include "flash_gen/dropout.cuh"
 #include "flash_gen/fwd_params.cuh"
 #include "flash_gen/kv_cache.cuh"
 #include "flash_gen/score_mods.cuh"
@@ -16,7 +17,7 @@ namespace flash_gen {
 
 template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, int kStages_, bool kQInRegs_,
           bool kLateVWait_, Mask kMask_, bool kSoftcap_, bool kAlibi_, bool kVarlen_, KvLayout kKv_, bool kSplit_,
-          bool kPackGqa_>
+          bool kPackGqa_, bool kDropout_>
 struct FwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;                 // what loads and stores touch
@@ -36,6 +37,7 @@ struct FwdTraits {
   static constexpr bool kSplit = kSplit_;  // split-KV: grid.z is batch x num_splits; fp32 partials out
   // grid.y is the KV head; tile row R is query position R / group of query head head_k * group + R % group
   static constexpr bool kPackGqa = kPackGqa_;
+  static constexpr bool kDropout = kDropout_;  // P V takes the kept probabilities; row sums and lse all of them
   static constexpr bool kHasRightBound = MaskBounds<kMask>::kRight;
   static constexpr bool kHasLeftBound = MaskBounds<kMask>::kLeft;
   static_assert(kBlockM % (16 * kNWarps) == 0, "each warp owns whole 16-row MMA tiles");
@@ -318,6 +320,7 @@ __device__ __forceinline__ void fwd_kernel(FwdParams const& p) {
 
   float slope = 0.f;
   if constexpr (T::kAlibi) slope = p.alibi_slopes[batch * p.alibi_batch_stride + head] * p.alibi_scale;
+  const DropoutRng rng = make_dropout_rng<T::kDropout>(p, batch, head);
 
   // One K/V buffer: V[n] must have landed, and every warp be done reading K[n], before K[n-1] may load. Placed
   // right after QK^T the K load overlaps the softmax; placed after the softmax (kLateVWait) ptxas cannot hoist
@@ -377,6 +380,9 @@ __device__ __forceinline__ void fwd_kernel(FwdParams const& p) {
 
     Tensor o_rc = make_tensor(acc_o.data(), acc_rowcol(acc_o.layout()));
     online_softmax_step(s, o_rc, row_max, row_sum, p.scale_log2);
+    if constexpr (T::kDropout) {  // after the row sums, which count every probability; the scale is the epilogue's
+      dropout_scores<true>(s, tScS_rc, row0, n * kBlockN, rng, [](float& x, bool kept) { x = kept ? x : 0.f; });
+    }
 
     Tensor p_frag = convert_to<Element>(acc_s);
     Tensor tOrP = make_tensor(p_frag.data(), acc_as_a_operand(p_frag.layout()));
@@ -395,7 +401,8 @@ __device__ __forceinline__ void fwd_kernel(FwdParams const& p) {
   for (int r = 0; r < kRows; ++r) {
     const float sum = quad_sum(row_sum[r]);
     const bool empty = sum == 0.f || sum != sum;
-    const float inv = empty ? 1.f : __fdividef(1.f, sum);  // sum >= 1: MUFU's reciprocal and log2 suffice
+    // sum >= 1: MUFU's reciprocal and log2 suffice
+    const float inv = empty ? 1.f : __fdividef(T::kDropout ? p.dropout_scale : 1.f, sum);
     CUTE_UNROLL
     for (int c = 0; c < size<1>(o_rc); ++c) o_rc(r, c) *= inv;
     const int row = get<0>(tOcO_rc(r, 0));

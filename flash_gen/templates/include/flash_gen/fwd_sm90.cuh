@@ -29,6 +29,7 @@
 // (fwd_sm90.cu.j2 does it): otherwise its op selector splits, say, N = 176 into eleven N = 16 instructions.
 #include "flash_gen/attn_mask.cuh"
 #include "flash_gen/convert_pairs.cuh"
+#include "flash_gen/dropout.cuh"
 #include "flash_gen/fwd_sm90_params.cuh"
 #include "flash_gen/kv_cache.cuh"
 #include "flash_gen/online_softmax.cuh"
@@ -44,7 +45,7 @@ namespace flash_gen {
 
 template <class Element_, int kHeadDim_, int kConsumers_, int kBlockN_, int kStages_, bool kPingPong_,
           bool kPersistent_, Mask kMask_, bool kSoftcap_, bool kAlibi_, bool kVarlen_, bool kOverlap_,
-          bool kPInSmem_, bool kPackGqa_, int kCluster_, bool kSplit_, bool kKvCache_, bool kOInV_>
+          bool kPInSmem_, bool kPackGqa_, int kCluster_, bool kSplit_, bool kKvCache_, bool kOInV_, bool kDropout_>
 struct Sm90FwdTraits {
   using Element = Element_;
   // The head dim, a multiple of 16 (the wgmma K step) or rounded up to 64 (flash_gen.spec_sm90.sm90_head_dim): the
@@ -155,6 +156,9 @@ struct Sm90FwdTraits {
   // ring, as FlashAttention-3 does: then only the next tile's first V load waits for the O stores, and its Q, first
   // K, S GEMM and softmax go ahead. One tile per CTA: through the Q buffer (the CTA needs Q no more).
   static constexpr bool kOInV = kOInV_;
+  // Dropout: each warp's S holds m16n8 fragments per 16 rows and every n8 block of the key tile, as the portable
+  // kernel's does, so the same draws (dropout.cuh) apply after the softmax; the epilogue scales.
+  static constexpr bool kDropout = kDropout_;
   static_assert(!kOInV || (kPersistent && kCluster == 1 && kStages * kBlockN >= kBlockM),
                 "O in the V ring of a persistent CTA, which no peer CTA multicasts into");
   static constexpr bool kSeparateO = kPersistent && !kOInV;
@@ -584,6 +588,7 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
     const bool wg_half = T::kHalfSteps && wg_end > tile.n_min && half_end <= 2 * wg_end - 1;
     float slope = 0.f;
     if constexpr (T::kAlibi) slope = p.alibi_slopes[tile.batch * p.alibi_batch_stride + tile.head] * p.alibi_scale;
+    const DropoutRng rng = make_dropout_rng<T::kDropout>(p, tile.batch, tile.head);
     // S_n = Q K_n^T, modified (softcap, ALiBi), masked and turned into P_n in place (fp32). Whether a key tile
     // needs the element-wise mask is decided on this warpgroup's 64 rows, not the CTA's: with 192-row tiles a
     // warpgroup meets the diagonal in fewer key tiles than the CTA does.
@@ -596,6 +601,9 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
                                           n * kBlockN, tile.seqlen_k, diag, p.window_left, p.window_right, group);
       }
       o_scale_pending = online_softmax_lazy(s_rc, row_max, row_sum, o_scale, p.scale_log2);
+      if constexpr (T::kDropout) {  // after the row sums, which count every probability
+        dropout_scores<true>(s_rc, tScS_rc, row0, n * kBlockN, rng, [](float& x, bool kept) { x = kept ? x : 0.f; });
+      }
     };
     // Q is free once the tile's last S GEMM has completed, before that step's softmax, its P V GEMM and the
     // epilogue: the producer, which loads the next tile's Q before its K/V, then starts both that much earlier.
@@ -735,7 +743,8 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) {
         bool empty;
-        const float sum = row_total(r, empty), inv = empty ? 1.f : __fdividef(1.f, sum);
+        const float sum = row_total(r, empty);
+        const float inv = empty ? 1.f : __fdividef(T::kDropout ? p.dropout_scale : 1.f, sum);
         int pos, head;
         if (!row_at(r, pos, head)) continue;
         const int64_t row = (int64_t(split * p.batch + tile.batch) * p.nheads + head) * p.seqlen_q + pos;
@@ -755,7 +764,8 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       bool empty;
-      const float sum = row_total(r, empty), inv = empty ? 1.f : __fdividef(1.f, sum);
+      const float sum = row_total(r, empty);
+      const float inv = empty ? 1.f : __fdividef(T::kDropout ? p.dropout_scale : 1.f, sum);
       int pos, head;
       if (row_at(r, pos, head) && get<1>(tOcO_rc(r, 0)) == 0) {
         lse_ptr[head * p.lse_head_stride + pos] = empty ? inf() : row_lse(r, sum);
