@@ -230,7 +230,7 @@ def _(dout, q, k, v, out, lse, *attn):
 def fwd_kvpacked(q: Tensor, kv: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
                  softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int, softcap: float,
                  alibi_slopes: Optional[Tensor], deterministic: bool, dropout_p: float,
-        rng_state: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+                 rng_state: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     check_packed("kv", kv, 2, cu_seqlens_q is not None)
     return _forward(q, *_parts(kv, 2), cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right,
                     softcap, alibi_slopes, dropout_p, rng_state)
@@ -266,7 +266,7 @@ def _(dout, q, kv, out, lse, *attn):
 def fwd_qkvpacked(qkv: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
                   softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int, softcap: float,
                   alibi_slopes: Optional[Tensor], deterministic: bool, dropout_p: float,
-        rng_state: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+                  rng_state: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     check_packed("qkv", qkv, 3, cu_seqlens_q is not None)
     return _forward(*_parts(qkv, 3), cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right,
                     softcap, alibi_slopes, dropout_p, rng_state)

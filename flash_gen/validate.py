@@ -112,13 +112,11 @@ def check_fwd(
     entry b holds its cu_seqlens_k[b+1] - cu_seqlens_k[b] keys in its pages; seqlen_k is then pages x page_size.
     Raises TypeError, ValueError or NotImplementedError naming the argument; returns the normalized `FwdArgs`.
     """
-    dropout_p = check_dropout_p(dropout_p)
+    check_dropout_p(dropout_p)
     _check_bool("return_attn_probs", return_attn_probs)
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     if block_table is not None and not varlen:
         raise ValueError("block_table: a paged K/V cache here needs cu_seqlens_q/k (or use flash_attn_with_kvcache)")
-    if block_table is not None and dropout_p > 0:
-        raise NotImplementedError("dropout_p: not with block_table (a paged K/V cache serves inference; no dropout)")
     dims, layout = (3, "(total, nheads, head_dim)") if varlen else (4, "(batch, seqlen, nheads, head_dim)")
     kv_dims, kv_layout = (4, "(num_blocks, page_size, nheads_k, head_dim)") if block_table is not None else (
         dims, layout)

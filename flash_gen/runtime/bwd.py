@@ -20,11 +20,12 @@ from flash_gen.runtime.score_params import (
     DTYPES,
     check_grid,
     mask_kind,
+    set_dropout_fields,
     set_score_fields,
     set_strides,
     varlen_tiles,
 )
-from flash_gen.spec import bucket_name, dropout_keep_threshold
+from flash_gen.spec import bucket_name
 from flash_gen.spec_bwd import BwdKey
 from flash_gen.spec_bwd_sm90 import Sm90BwdConfig
 from flash_gen.tuned import tuned_config
@@ -153,7 +154,7 @@ def _shape(var: _Variant, tensors: tuple[tuple[str, torch.Tensor], ...], lse: to
     p.block_m, p.head_dim, p.dq_accum_cols = block_m, head_dim, cols
     p.softmax_scale = score["softmax_scale"]
     if dropout_p > 0:
-        p.dropout_threshold, p.dropout_scale = dropout_keep_threshold(dropout_p), 1.0 / (1.0 - dropout_p)
+        set_dropout_fields(p, dropout_p)
     p.lse_batch_stride, p.lse_head_stride = (0, lse.stride(0)) if varlen else lse.stride()[:2]
     # Row-padded fp32 buffers (acc_row0 in bwd_params.cuh), (batch, nheads, rows rounded up to block_m) or
     # (nheads, total_q + batch * block_m): lse_log2, dsum and dq_accum (dq_accum_cols per row) in one allocation

@@ -25,11 +25,12 @@ from flash_gen.runtime.score_params import (
     DTYPES,
     check_grid,
     mask_kind,
+    set_dropout_fields,
     set_score_fields,
     set_strides,
     varlen_tiles,
 )
-from flash_gen.spec import FwdKey, bucket_name, dropout_keep_threshold
+from flash_gen.spec import FwdKey, bucket_name
 from flash_gen.spec_sm90 import ROWS_PER_CONSUMER, Sm90FwdConfig, sm90_box_cols, sm90_head_dim
 from flash_gen.tuned import tuned_config
 
@@ -234,7 +235,7 @@ def plan_fwd(
     params = None
     if dropout:
         params = FwdParams.from_buffer_copy(shape.params)
-        params.dropout_threshold, params.dropout_scale = dropout_keep_threshold(dropout_p), 1.0 / (1.0 - dropout_p)
+        set_dropout_fields(params, dropout_p)
     return FwdPlan(var, shape, grid, q.device, params=params)
 
 

@@ -11,6 +11,8 @@ import math
 
 import torch
 
+from flash_gen.spec import dropout_keep_threshold
+
 DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 MAX_GRID_YZ = 65535  # heads and batch index gridDim.y and gridDim.z
 _LOG2E = math.log2(math.e)
@@ -69,6 +71,11 @@ def set_score_fields(
     if alibi_slopes is not None:
         p.alibi_slopes = alibi_slopes.data_ptr()
         p.alibi_batch_stride = alibi_slopes.stride(0) if alibi_slopes.dim() == 2 else 0
+
+
+def set_dropout_fields(p: ctypes.Structure, dropout_p: float) -> None:
+    """Dropout's keep threshold and scale (the seed's address is patched in per call)."""
+    p.dropout_threshold, p.dropout_scale = dropout_keep_threshold(dropout_p), 1.0 / (1.0 - dropout_p)
 
 
 def check_grid(batch: int, nheads: int) -> None:
