@@ -17,7 +17,7 @@ _DOC_COMMON = """
     dropout_p in [0, 1): the softmax probabilities are dropped with that probability and the kept ones scaled by
     1 / (1 - dropout_p) before P V (softmax_lse is that of all scores); the keep decisions come from a seed drawn
     with PyTorch's CUDA generator (torch.manual_seed reproduces them) and the backward redraws the same ones.
-    (On Hopper the backward of a dropout call runs the portable kernel.) softmax_scale defaults to
+    softmax_scale defaults to
     head_dim ** -0.5. causal and window_size=(left, right) mask keys with flash_attn's bottom-right alignment
     (query i sees key j iff i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q + right, -1 meaning
     unbounded; causal sets right = 0). softcap > 0 applies softcap * tanh(scores / softcap). alibi_slopes

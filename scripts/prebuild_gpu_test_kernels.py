@@ -181,13 +181,17 @@ def variants(arch: str,
         import test_dropout_gpu as td
 
         forced = [(c, config_from_name(name)) for c, name in td.FWD_TILINGS]
-        for c, cfg in [(c, None) for c in td.CASES] + forced:
+        forced_bwd = [(c, bwd_tilings.config_from_name(name)) for c, name in td.BWD_TILINGS]
+        for c, cfg, bwd_cfg in [(c, None, None) for c in td.CASES] + [(c, f, None) for c, f in forced] + [
+                (c, None, b) for c, b in forced_bwd]:
             mask, _ = derive_mask(*t.MASKS[c.mask], c.seqlen_q, c.seqlen_k)
             feats = (c.feature == "softcap", c.feature.startswith("alibi"))
             key, default_cfg = default(c.dtype, c.head_dim, mask, *feats, dropout=True)
             if cfg is None or infeasible_reason(key, cfg) is None:
                 out.add((key, cfg or default_cfg))
-            out.add(default_bwd(c.dtype, c.head_dim, mask, *feats, c.deterministic, dropout=True))
+            bwd_key, default_bwd_cfg = default_bwd(c.dtype, c.head_dim, mask, *feats, c.deterministic, dropout=True)
+            if bwd_cfg is None or bwd_tilings.infeasible_reason(bwd_key, bwd_cfg) is None:
+                out.add((bwd_key, bwd_cfg or default_bwd_cfg))
         for mask in ("none", "causal"):  # the packed-batch tests
             out.add(default("bf16", 64, mask, varlen=True, dropout=True))
             out.add(default_bwd("bf16", 64, mask, varlen=True, dropout=True))

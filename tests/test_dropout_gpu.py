@@ -1,8 +1,9 @@
-"""GPU tests of attention dropout (the Hopper and portable forwards, the portable backward): the kernels' keep
+"""GPU tests of attention dropout (the Hopper and portable forwards and backwards): the kernels' keep
 decisions are exactly flash_gen.reference.dropout_keep's (the rule of templates/include/flash_gen/philox.cuh), so out,
 lse and the gradients are checked against the float64 reference with that mask, by flash_attn's rule (2x the error
 of the same math in the inputs' dtype, plus eps, as in test_bwd_gpu.py). Dense and packed batches, every mask kind,
-softcap, ALiBi, GQA, odd lengths, seqlen_q != seqlen_k, forced forward tilings; outputs and gradients poisoned with
+softcap, ALiBi, GQA, odd lengths, seqlen_q != seqlen_k, forced forward and backward tilings; outputs and gradients
+poisoned with
 NaN; then the public API's seeding (torch.manual_seed reproduces a step), torch.compile and CUDA graphs. Inputs are
 fresh random numbers each run; the seed is in every failure.
 """
@@ -64,6 +65,24 @@ FWD_TILINGS = [
 ]
 
 
+# Forced backward tilings (the forward runs its default): the Hopper backward's forms (64-, 80- and 128-query steps,
+# the dK/dV overlap, bulk dQ, decoupled warpgroups, dQ by reductions, deterministic, the split head dim at 256 with
+# and without bulk dQ), skipped off sm_90, and the portable backward on any GPU.
+BWD_TILINGS = [
+    (Case("bf16", 128, 301, 777, 2, 6, 2, "none", p=0.1), "wgbm64n128ob"),
+    (Case("bf16", 128, 517, 300, 2, 4, 2, "causal", p=0.25), "wgbm64n128obd"),
+    (Case("bf16", 128, 300, 517, 2, 4, 1, "none", p=0.2), "wgbm80n128b"),
+    (Case("fp16", 128, 203, 113, 2, 4, 4, "causal", "softcap", p=0.3), "wgbm64n128o"),
+    (Case("bf16", 64, 777, 555, 2, 8, 8, "none", p=0.15), "wgbm128n128ob"),
+    (Case("bf16", 64, 301, 777, 2, 6, 2, "win32_0", "alibi_h", p=0.2), "wgbm128n128o"),
+    (Case("bf16", 64, 257, 257, 2, 4, 2, "causal", deterministic=True, p=0.2), "wgbm64n128"),
+    (Case("bf16", 256, 333, 1200, 2, 2, 1, "causal", p=0.1), "wgbm64n64b"),
+    (Case("fp16", 256, 200, 300, 2, 4, 2, "none", "alibi_h", p=0.3), "wgbm64n64o"),
+    (Case("bf16", 128, 300, 300, 2, 4, 2, "none", p=0.3), "m64n64w8a422s2"),
+    (Case("bf16", 64, 203, 113, 2, 4, 4, "causal", "softcap", p=0.5), "m64n128w8a244s2"),
+]
+
+
 def _inputs(case: Case, seed: int, lead: tuple[int, ...] | None = None):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     randn = lambda *shape: torch.randn(*shape, generator=gen, device="cuda", dtype=DTYPES[case.dtype])  # noqa: E731
@@ -107,9 +126,10 @@ def _check(got: dict, ref64: tuple, low: tuple, where: str) -> None:
         assert err <= tol, f"{where}: {name} max|err| = {err:.3e} > {tol:.3e}"
 
 
-def _runtime(q, k, v, dout, rng_state, p, *, deterministic: bool, cu_seqlens=None, config=None, **kwargs) -> dict:
-    """Forward (tiled by `config` when given) and backward through the runtime with NaN-poisoned out and
-    gradients."""
+def _runtime(q, k, v, dout, rng_state, p, *, deterministic: bool, cu_seqlens=None, config=None, bwd_config=None,
+             **kwargs) -> dict:
+    """Forward and backward (tiled by `config` and `bwd_config` when given) through the runtime with NaN-poisoned out
+    and gradients."""
     from flash_gen.runtime.bwd import attention_bwd
     from flash_gen.runtime.fwd import attention_fwd
 
@@ -121,7 +141,7 @@ def _runtime(q, k, v, dout, rng_state, p, *, deterministic: bool, cu_seqlens=Non
     out, lse = attention_fwd(q, k, v, **norm, **cu, out=out, config=config, dropout_p=p, rng_state=rng_state)
     grads = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))
     attention_bwd(dout, q, k, v, out, lse, *grads, deterministic=deterministic, dropout_p=p, rng_state=rng_state,
-                  **norm, **cu)
+                  config=bwd_config, **norm, **cu)
     return dict(out=out, lse=lse, dq=grads[0], dk=grads[1], dv=grads[2])
 
 
@@ -141,21 +161,24 @@ def test_dropout_matches_reference(case: Case):
         assert all(torch.equal(got[n], again[n]) for n in got), "same seed, same bits"
 
 
-@pytest.mark.parametrize("case,config", FWD_TILINGS, ids=lambda x: str(x))
-def test_dropout_forward_tilings(case: Case, config: str):
-    from flash_gen.fwd_tilings import config_from_name
+@pytest.mark.parametrize("case,direction,config",
+                         [(c, "fwd", n) for c, n in FWD_TILINGS] + [(c, "bwd", n) for c, n in BWD_TILINGS], ids=str)
+def test_dropout_tilings(case: Case, direction: str, config: str):
+    from flash_gen import bwd_tilings, fwd_tilings
 
-    if config.startswith("wgm") and torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("a Hopper forward tiling: needs an sm_90 GPU")
+    if config.startswith("wg") and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("a Hopper tiling: needs an sm_90 GPU")
+    tiling = (fwd_tilings if direction == "fwd" else bwd_tilings).config_from_name(config)
     seed = fresh_seed()
     q, k, v, dout, alibi, rng_state = _inputs(case, seed)
     kwargs = _score_kwargs(case, alibi)
-    got = _runtime(q, k, v, dout, rng_state, case.p, deterministic=False, config=config_from_name(config), **kwargs)
+    got = _runtime(q, k, v, dout, rng_state, case.p, deterministic=case.deterministic,
+                   **{"config" if direction == "fwd" else "bwd_config": tiling}, **kwargs)
     mask = dropout_keep_dense(rng_state.item(), case.p, case.batch, case.nheads, case.seqlen_q, case.seqlen_k,
                               device="cuda")
     ref64 = _reference(q, k, v, dout, mask, case.p, upcast=True, **kwargs)
     low = _reference(q, k, v, dout, mask, case.p, upcast=False, **kwargs)
-    _check(got, ref64, low, f"{case} {config} seed={seed}")
+    _check(got, ref64, low, f"{case} {direction} {config} seed={seed}")
 
 
 @pytest.mark.parametrize("mask", ["none", "causal"])

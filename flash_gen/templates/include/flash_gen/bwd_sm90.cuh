@@ -12,14 +12,15 @@
 // one computes (completing on that buffer's mbarrier); K and V arrive once by cp.async; a barrier ends each query
 // tile. Warp specialisation (a producer warp, no block-wide barriers) is the next step. Head dims up to 128,
 // computed as 64 or 128 (loads zero-fill the columns past the tensors' head dim, stores skip them), and 256 (the
-// warpgroups splitting the head dim, below); masks and ALiBi (not softcap), dense or packed ragged batches, dQ
-// additions in a fixed order when deterministic (bwd_dq.cuh).
+// warpgroups splitting the head dim, below); masks, ALiBi, softcap (unsplit), dropout, dense or packed ragged batches,
+// dQ additions in a fixed order when deterministic (bwd_dq.cuh).
 #pragma once
 #include "flash_gen/bwd_dq.cuh"
 #include "flash_gen/bwd_key_tile.cuh"
 #include "flash_gen/bwd_params.cuh"
 #include "flash_gen/bwd_sm90_params.cuh"
 #include "flash_gen/convert_pairs.cuh"
+#include "flash_gen/dropout_transposed.cuh"
 #include "flash_gen/score_mods.cuh"  // fast_tanh: the forward's softcap
 #include "flash_gen/sm80_utils.cuh"  // copy_zfill, copy_predicated (K/V in by cp.async, dK/dV out)
 #include "flash_gen/sm90_bulk.cuh"
@@ -29,7 +30,8 @@
 namespace flash_gen {
 
 template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, bool kOverlap_, Mask kMask_,
-          bool kSoftcap_, bool kAlibi_, bool kVarlen_, bool kDeterministic_, bool kDqBulk_, bool kDecoupled_>
+          bool kSoftcap_, bool kAlibi_, bool kVarlen_, bool kDeterministic_, bool kDqBulk_, bool kDecoupled_,
+          bool kDropout_>
 struct Sm90BwdTraits {
   using Element = Element_;
   // What the GEMMs compute: 64, 128 or 256. The tensors' head dim (BwdParams::head_dim, a multiple of 8 up to it) is
@@ -54,6 +56,10 @@ struct Sm90BwdTraits {
   static constexpr bool kAlibi = kAlibi_;
   static constexpr bool kVarlen = kVarlen_;
   static constexpr bool kDeterministic = kDeterministic_;
+  // Dropout (docs/dropout.md): the forward's keep decisions redrawn as bits (dropout_keep_bits_t) while S^T and dP^T
+  // compute; dV takes Z P^T / (1 - p), dS^T = P^T (Z dP^T / (1 - p) - rowsum(dO * O)). Split, warpgroup 1 forms dS^T
+  // from a second copy of P^T whose dropped scores carry a set sign bit (the first, dV's operand, holds them as 0).
+  static constexpr bool kDropout = kDropout_;
   // Whether the dK/dV wgmmas run on through the dS barrier and the dQ GEMM (a tunable, Sm90BwdConfig.overlap).
   static constexpr bool kOverlapDkvDq = kOverlap_;
   // dQ through shared memory and out by TMA reductions (Sm90BwdConfig.dq_bulk): the consumers store their
@@ -172,8 +178,8 @@ struct Sm90BwdTraits {
   static constexpr int kStatFloats = kBlockM + 4;
   static constexpr uint32_t kStageTxBytes =  // Q and dO tiles, and the statistics
       2 * kBlockM * kHeadDim * sizeof(Element) + 2 * kStatFloats * sizeof(float);
-  // Split: P^T, the operand of dV (and where warpgroup 1 reads P^T back for dS^T).
-  static constexpr int kSplitBytes = kSplitHeadDim ? kBlockN * kBlockM * int(sizeof(Element)) : 0;
+  // Split: P^T, the operand of dV (and where warpgroup 1 reads P^T back for dS^T; with dropout, its signed copy).
+  static constexpr int kSplitBytes = kSplitHeadDim ? (kDropout ? 2 : 1) * kBlockN * kBlockM * int(sizeof(Element)) : 0;
   // Q, dO, K, V and dS; the bulk dQ buffer follows, at the 1024-byte alignment its 128-byte swizzle assumes.
   static constexpr int kTileBytes = int(sizeof(Element)) *
       (2 * kStages * kBlockM * kHeadDim + 2 * kBlockN * kHeadDim + kDsStages * kBlockM * kBlockN);
@@ -224,9 +230,9 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   Element* smem_ds = smem_v + kBlockN * kD;
   // Bulk dQ only, 1024-byte aligned (split: the step's dO and Q buffers hold the warpgroups' halves instead).
   float* smem_dq = reinterpret_cast<float*>(smem_ds + T::kDsStages * kBlockM * kBlockN);
-  // Split only: P^T, a 1024-byte aligned operand.
+  // Split only: P^T, a 1024-byte aligned operand (dropout: then its signed copy).
   Element* smem_pt = reinterpret_cast<Element*>(smem_dq + (T::kDqBulk && !T::kSplitHeadDim ? kBlockM * kD : 0));
-  float* smem_lse = reinterpret_cast<float*>(smem_pt + (T::kSplitHeadDim ? kBlockN * kBlockM : 0));  // per buffer
+  float* smem_lse = reinterpret_cast<float*>(smem_pt + T::kSplitBytes / int(sizeof(Element)));  // per buffer
   float* smem_dsum = smem_lse + T::kStages * T::kStatFloats;
   MBarrier* q_full = reinterpret_cast<MBarrier*>(smem_dsum + T::kStages * T::kStatFloats);  // per Q/dO buffer
 
@@ -378,6 +384,7 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
     float slope = 0.f;  // ALiBi, pre-divided by the softmax scale (alibi_scale) as scale_log2 multiplies it back
     if constexpr (T::kAlibi) slope = p.alibi_slopes[batch * p.alibi_batch_stride + head] * p.alibi_scale;
     const int64_t acc0 = acc_row0(p, T::kVarlen, batch, head, entry_q_start());
+    const DropoutRng rng = make_dropout_rng<T::kDropout>(p, batch, head);
     // The statistics' rows from the 16-byte boundary; dense rows start at multiples of block_m (acc_row0).
     const int stat_shift = T::kVarlen ? int(acc0 & 3) : 0;
     if (tidx == 0 && m_min < m_max && g > 0) load_q_do(head, m_min, step % T::kStages);
@@ -408,8 +415,14 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
       Element* ds_buf = smem_ds + (T::kDecoupled ? stage * kBlockM * kBlockN : 0);
       Tensor sdS = make_tensor(make_smem_ptr(ds_buf), typename T::SmemLayoutdS{});
       Tensor tdSsdSt = thr_ds_store.partition_D(make_tensor(make_smem_ptr(ds_buf), typename T::SmemLayoutdSt{}));
+      // Dropout: the keep bits of this thread's S^T elements (drawn under the step's first GEMMs).
+      uint32_t keep[T::kDropout ? (kBlockM / 2 + 31) / 32 : 1];
+      auto draw_keep = [&] {
+        if constexpr (T::kDropout) dropout_keep_bits_t(keep, cS, row0, col0, rng);
+      };
 
-      // P^T in place of S^T (a hidden (query, key) pair gives P = 0), and, with_dp, dS^T in place of dP^T.
+      // P^T in place of S^T (a hidden (query, key) pair gives P = 0), and, with_dp, dS^T in place of dP^T (dropout:
+      // then P^T kept and scaled; without dp, P^T as it is).
       // Coordinates as offsets from the thread's first element fold into constants (attn_mask.cuh does the same):
       // an element's key offset from its query's diagonal is base + off, so the bounds become per-thread limits on
       // the constant off, compared against immediates.
@@ -437,7 +450,13 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
             }
             acc_s(i + j) = pt;
             if constexpr (decltype(with_dp)::value) {
-              acc_dp(i + j) = pt * (acc_dp(i + j) - (j ? dsum2.y : dsum2.x));
+              float dp = acc_dp(i + j);
+              if constexpr (T::kDropout) {
+                const bool kept = kept_bit(keep, i + j);
+                acc_s(i + j) = kept ? pt * p.dropout_scale : 0.f;
+                dp = kept ? dp * p.dropout_scale : 0.f;
+              }
+              acc_dp(i + j) = pt * (dp - (j ? dsum2.y : dsum2.x));
               if constexpr (T::kSoftcap) acc_dp(i + j) *= 1.f - t * t;
             }
           }
@@ -454,14 +473,24 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
           softmax_grad(acc_s, acc_dp, with_dp, cute::true_type{});
         }
       };
-      // dS^T = P^T (dP^T - rowsum(dO * O)) in place of dP^T, P^T already in acc_s (0 where hidden).
-      auto ds_from_p = [&](auto const& acc_s, auto& acc_dp) {
+      // dS^T = P^T (dP^T - rowsum(dO * O)) in place of dP^T, P^T already in acc_s (0 where hidden); dropout: dP^T
+      // and then P^T kept and scaled.
+      auto ds_from_p = [&](auto& acc_s, auto& acc_dp) {
         const int q0 = get<1>(cS(0));
         CUTE_UNROLL
         for (int i = 0; i < size(acc_dp); i += 2) {
           const float2 dsum2 = stat_pair(dsum, q0 + (get<1>(cS(i)) - q0));
-          acc_dp(i) = acc_s(i) * (acc_dp(i) - dsum2.x);
-          acc_dp(i + 1) = acc_s(i + 1) * (acc_dp(i + 1) - dsum2.y);
+          CUTE_UNROLL
+          for (int j = 0; j < 2; ++j) {
+            const float pt = acc_s(i + j);
+            float dp = acc_dp(i + j);
+            if constexpr (T::kDropout) {
+              const bool kept = kept_bit(keep, i + j);
+              acc_s(i + j) = kept ? pt * p.dropout_scale : 0.f;
+              dp = kept ? dp * p.dropout_scale : 0.f;
+            }
+            acc_dp(i + j) = pt * (dp - (j ? dsum2.y : dsum2.x));
+          }
         }
       };
       // Unsplit: P^T and dS^T in bf16 registers, the A operands of dV and dK, live until those wgmmas are waited for.
@@ -478,6 +507,9 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
       };
       if constexpr (T::kSplitHeadDim) {
         Tensor sPt = make_tensor(make_smem_ptr(smem_pt), typename T::SmemLayoutPt{});
+        // Dropout: P^T with the dropped scores negated, what warpgroup 1 forms dS^T from (sPt holds them as 0).
+        Tensor sPs = make_tensor(make_smem_ptr(smem_pt + (T::kDropout ? kBlockN * kBlockM : 0)),
+                                 typename T::SmemLayoutPt{});
         Tensor sdSt = make_tensor(make_smem_ptr(smem_ds), typename T::SmemLayoutPt{});
         // The inverse of ds_store, P^T from shared memory into the S^T accumulators' positions.
         auto pt_load = make_tiled_copy_C(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, mma_sdp);
@@ -489,12 +521,13 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
           wgmma_issue<true>(mma_sdp, tSrV, tSrdO, acc);
         }
         under_first_gemms();
+        if (wg == 0) draw_keep();
         warpgroup_wait<0>();
         warpgroup_fence_operand(acc);
         Tensor frag = make_tensor<Element>(acc.layout());
         if (wg == 0) {
           softmax_grad_step(acc, acc, cute::false_type{});
-        } else {  // dP^T - rowsum(dO * O) while warpgroup 0 forms P^T
+        } else if constexpr (!T::kDropout) {  // dP^T - rowsum(dO * O) while warpgroup 0 forms P^T
           const int q0 = get<1>(cS(0));
           CUTE_UNROLL
           for (int i = 0; i < size(acc); i += 2) {
@@ -504,6 +537,14 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
           }
         }
         if (wg == 0) {  // P^T, the operand of dV and of warpgroup 1's dS^T
+          if constexpr (T::kDropout) {  // the signed copy, then dV's kept and scaled P^T
+            CUTE_UNROLL
+            for (int i = 0; i < size(acc); ++i) acc(i) = kept_bit(keep, i) ? acc(i) : -acc(i);
+            convert_pairs(acc, frag);
+            copy(ds_store, thr_ds_store.retile_S(frag), thr_ds_store.partition_D(sPs));
+            CUTE_UNROLL
+            for (int i = 0; i < size(acc); ++i) acc(i) = fmaxf(acc(i), 0.f) * p.dropout_scale;
+          }
           convert_pairs(acc, frag);
           copy(ds_store, thr_ds_store.retile_S(frag), thr_ds_store.partition_D(sPt));
           fence_smem_for_async_proxy();
@@ -518,9 +559,23 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
         if (wg == 0) {
           wgmma_issue<false>(mma_dkv, tdVrPt_s, tdVrdOt, acc_dv);
         } else {  // dS^T = P^T (dP^T - rowsum(dO * O)), P^T read back by ldmatrix into warpgroup 0's positions
-          copy(pt_load, thr_pt_load.partition_S(sPt), thr_pt_load.retile_D(frag));
-          CUTE_UNROLL
-          for (int i = 0; i < size(acc); ++i) acc(i) *= float(frag(i));
+          copy(pt_load, thr_pt_load.partition_S(sPs), thr_pt_load.retile_D(frag));
+          if constexpr (T::kDropout) {  // dS^T = |P^T| (Z dP^T / (1 - p) - rowsum(dO * O)), Z from P^T's sign
+            const int q0 = get<1>(cS(0));
+            CUTE_UNROLL
+            for (int i = 0; i < size(acc); i += 2) {
+              const float2 dsum2 = stat_pair(dsum, q0 + (get<1>(cS(i)) - q0));
+              CUTE_UNROLL
+              for (int j = 0; j < 2; ++j) {
+                const float pt = float(frag(i + j));
+                const float dp = pt >= 0.f ? acc(i + j) * p.dropout_scale : 0.f;
+                acc(i + j) = fabsf(pt) * (dp - (j ? dsum2.y : dsum2.x));
+              }
+            }
+          } else {
+            CUTE_UNROLL
+            for (int i = 0; i < size(acc); ++i) acc(i) *= float(frag(i));
+          }
           convert_pairs(acc, frag);
           copy(ds_store, thr_ds_store.retile_S(frag), thr_ds_store.partition_D(sdSt));
           fence_smem_for_async_proxy();
@@ -543,6 +598,7 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
         wgmma_issue<true>(mma_sdp, tSrV, tSrdO, acc_dp);
         if (kLateDk && wg == 0) named_barrier_sync(kSdpIssued, 256);
         under_first_gemms();
+        draw_keep();
         if constexpr (T::kExpUnderDp) {
           warpgroup_wait<1>();
           warpgroup_fence_operand(acc_s);
