@@ -303,6 +303,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--bucket", type=lambda t: tuple(x for x in t.split(",") if x), default=(),
                    help="comma list of sequence-length buckets to tune, e.g. 's<=1k,s>4k' (default: all; the "
                    "database keeps the others' entries)")
+    p.add_argument("--dropout", type=float, default=0.0, metavar="P",
+                   help="tune the dropout keys (fwd, bwd), measured at dropout_p P (default 0: the keys without)")
     p.add_argument("--trials", type=int, default=40, help="completed trials per family and bucket (default: 40)")
     p.add_argument("--time-budget", type=float, default=0.0, help="minutes per family (0: no limit)")
     p.add_argument("--storage", default=None, help="Optuna RDB URL (default: SQLite in the kernel cache folder; "

@@ -44,6 +44,17 @@ def test_space_is_the_templates_declaration():
         assert space.default_config(fam) in configs
 
 
+def test_dropout_families_tune_the_dropout_keys():
+    """`flash-gen tune --dropout P`: the training directions' dropout keys (their own database entries, which the
+    runtime prefers over the spill-free chain); decoding has no dropout."""
+    fams = space.families(("sm90",), ("bf16",), (128,), ("causal",), ("fwd", "bwd"), 0.1)
+    assert [f.key.name for f in fams] == ["fwd_sm90_bf16_hd128_causal_dropout", "bwd_sm90_bf16_hd128_causal_dropout"]
+    assert all(f.name.endswith("_dropout") for f in fams)
+    assert space.axes(fams[1]) == spec_bwd_sm90.SM90_BWD_CONFIG_SPACE  # the Hopper backward draws too
+    with pytest.raises(ValueError, match="dropout"):
+        space.families(("sm90",), ("bf16",), (128,), ("none",), ("decode",), 0.1)
+
+
 def test_static_model_rejects_before_compiling():
     fam = space.Family("fwd", "sm80", "bf16", 96, "none")
     too_big = spec.FwdConfig(128, 128, 8, 2)  # 256 KiB of shared memory at head dim 256

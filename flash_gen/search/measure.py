@@ -13,7 +13,8 @@ import itertools
 import torch
 
 from flash_gen.bench import median_timer, preheat
-from flash_gen.reference import attention_ref
+from flash_gen.ops import dropout_seed
+from flash_gen.reference import attention_ref, dropout_keep_dense
 from flash_gen.search.space import Bucket, Family, Shape
 from flash_gen.search.study import Rejected
 
@@ -47,25 +48,29 @@ class Measurer:
         q = randn(shape.batch, shape.seqlen_q, shape.nheads, d)
         k, v = (randn(shape.batch, shape.seqlen_k, shape.nheads_k, d) for _ in range(2))
         t = {"q": q, "k": k, "v": v}
+        if self.family.dropout:
+            t["rng_state"] = dropout_seed(q, self.family.dropout)
         if self.family.direction == "bwd":
             t["dout"] = randn(*q.shape)
-            t["out"], t["lse"] = self._forward(q, k, v, None)
+            t["out"], t["lse"] = self._forward(q, k, v, None, rng_state=t.get("rng_state"))
         if self.family.direction == "decode":
             t["seqused"] = torch.full((shape.batch,), shape.seqlen_k, dtype=torch.int32, device=q.device)
         return t
 
-    def _attn(self) -> dict:
+    def _attn(self, rng_state=None) -> dict:
+        drop = dict(dropout_p=self.family.dropout, rng_state=rng_state) if self.family.dropout else {}
         return dict(softmax_scale=self.family.head_dim ** -0.5, causal=self.causal, window_size=self.window,
-                    softcap=0.0, alibi_slopes=None)
+                    softcap=0.0, alibi_slopes=None, **drop)
 
-    def _forward(self, q, k, v, cfg, seqused=None):
+    def _forward(self, q, k, v, cfg, seqused=None, rng_state=None):
         from flash_gen.runtime.fwd import KvCache, attention_fwd, attention_fwd_kvcache
 
         if self.family.direction == "decode":
             cache = KvCache(seqused_k=seqused, used=None, leftpad_k=None, batch_idx=None, block_table=None,
                             num_splits=0)
             return attention_fwd_kvcache(q, k, v, cache, config=cfg, **self._attn())
-        return attention_fwd(q, k, v, config=cfg if self.family.direction == "fwd" else None, **self._attn())
+        return attention_fwd(q, k, v, config=cfg if self.family.direction == "fwd" else None,
+                             **self._attn(rng_state))
 
     def _call(self, t: dict, cfg):
         if self.family.direction == "bwd":
@@ -73,9 +78,9 @@ class Measurer:
 
             grads = [torch.empty_like(t[name]) for name in ("q", "k", "v")]
             attention_bwd(t["dout"], t["q"], t["k"], t["v"], t["out"], t["lse"], *grads, deterministic=False,
-                          config=cfg, **self._attn())
+                          config=cfg, **self._attn(t.get("rng_state")))
             return grads
-        return [self._forward(t["q"], t["k"], t["v"], cfg, t.get("seqused"))[0]]
+        return [self._forward(t["q"], t["k"], t["v"], cfg, t.get("seqused"), t.get("rng_state"))[0]]
 
     # --- correctness ----------------------------------------------------------------------------------------
 
@@ -103,8 +108,14 @@ class Measurer:
 
     def _reference(self, t: dict, upcast: bool) -> list[torch.Tensor]:
         leaves = [t[n].detach().clone().requires_grad_() for n in ("q", "k", "v")]
+        drop = {}
+        if self.family.dropout:  # the kernels' own keep decisions (flash_gen.reference rebuilds them exactly)
+            (b, sq, h, _), sk = t["q"].shape, t["k"].shape[1]
+            mask = dropout_keep_dense(int(t["rng_state"].item()), self.family.dropout, b, h, sq, sk,
+                                      device=t["q"].device)
+            drop = dict(dropout_mask=mask, dropout_p=self.family.dropout)
         out, _ = attention_ref(*leaves, scale=self.family.head_dim ** -0.5, causal=self.causal, window=self.window,
-                               softcap=0.0, alibi_slopes=None, upcast=upcast)
+                               softcap=0.0, alibi_slopes=None, upcast=upcast, **drop)
         if self.family.direction != "bwd":
             return [out.detach()]
         return list(torch.autograd.grad(out, leaves, t["dout"].to(out.dtype)))

@@ -50,14 +50,15 @@ class Family:
     dtype: str
     head_dim: int
     mask: str
+    dropout: float = 0.0  # > 0: the dropout keys, measured at this dropout_p (training directions only)
 
     @property
     def key(self) -> spec.FwdKey | spec_bwd.BwdKey:
         if self.direction == "bwd":
-            return spec_bwd.BwdKey(self.arch, self.dtype, self.head_dim, self.mask)
+            return spec_bwd.BwdKey(self.arch, self.dtype, self.head_dim, self.mask, dropout=self.dropout > 0)
         if self.direction == "decode":  # a contiguous cache with pack-GQA, as decoding steps run
             return spec.FwdKey(self.arch, self.dtype, self.head_dim, self.mask, kv="cache", pack_gqa=True)
-        return spec.FwdKey(self.arch, self.dtype, self.head_dim, self.mask)
+        return spec.FwdKey(self.arch, self.dtype, self.head_dim, self.mask, dropout=self.dropout > 0)
 
     @property
     def name(self) -> str:
@@ -144,8 +145,13 @@ def feasible_configs(family: Family) -> Iterator:
             yield cfg
 
 
-def families(archs, dtypes, head_dims, masks, directions) -> list[Family]:
-    return [Family(d, a, t, h, m) for d, a, t, h, m in itertools.product(directions, archs, dtypes, head_dims, masks)]
+def families(archs, dtypes, head_dims, masks, directions, dropout: float = 0.0) -> list[Family]:
+    """Every (direction, arch, dtype, head dim, mask) family; with `dropout` > 0 the training directions' dropout
+    keys (decoding has no dropout)."""
+    if dropout and "decode" in directions:
+        raise ValueError("dropout: the training directions (fwd, bwd) only; decoding has no dropout")
+    return [Family(d, a, t, h, m, dropout)
+            for d, a, t, h, m in itertools.product(directions, archs, dtypes, head_dims, masks)]
 
 
 def space_size(family: Family) -> tuple[int, int]:

@@ -89,7 +89,8 @@ def study_name(args: argparse.Namespace, fam: space.Family, bucket: space.Bucket
 
 
 def run(args: argparse.Namespace) -> int:
-    families = space.families(args.arch, args.dtype, args.hdim, args.mask, args.direction)
+    families = space.families(args.arch, args.dtype, args.hdim, args.mask, args.direction,
+                              getattr(args, "dropout", 0.0))
     known = {b.name for fam in families for b in space.buckets(fam)}
     if unknown := set(getattr(args, "bucket", ())) - known:
         print(f"--bucket: unknown {sorted(unknown)}; these families have {sorted(known)}", file=sys.stderr)
