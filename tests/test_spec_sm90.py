@@ -293,6 +293,25 @@ def test_hopper_backward_compiles_on_wgmma(tmp_path, monkeypatch):
     assert "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16" in c.result.ptx  # dQ, head dim split in two
 
 
+def test_hopper_backward_draws_dropout(tmp_path, monkeypatch):
+    """Dropout keys run on the Hopper backward (keep bits drawn for S^T's layout, templates/include/flash_gen/
+    dropout_transposed.cuh); the split head dim keeps a second, signed P^T (8 KB at 64 x 64)."""
+    from flash_gen.spec_bwd import BwdKey
+    from flash_gen.spec_bwd_sm90 import Sm90BwdConfig, sm90_bwd_infeasible_reason, sm90_bwd_smem_bytes
+
+    monkeypatch.setenv("FLASH_GEN_CACHE_DIR", str(tmp_path))
+    split = Sm90BwdConfig(64, 64, overlap=True, dq_bulk=True)
+    plain, drop = BwdKey("sm90", "bf16", 256, "causal"), BwdKey("sm90", "bf16", 256, "causal", dropout=True)
+    assert sm90_bwd_infeasible_reason(drop, split) is None
+    assert sm90_bwd_smem_bytes(drop, split) == sm90_bwd_smem_bytes(plain, split) + 2 * 64 * 64
+    key, cfg = BwdKey("sm90", "bf16", 64, "none", dropout=True), Sm90BwdConfig(64, 128, overlap=True, dq_bulk=True)
+    assert sm90_bwd_infeasible_reason(key, cfg) is None
+    (c,) = batches.compile_batch([(key, cfg)])  # the kernel's static_assert checks the shared-memory model
+    assert c.error is None, c.error
+    assert c.ok, f"{c.entry}: spills or serialised wgmmas"
+    assert "shfl.sync.bfly.b32" in c.result.ptx  # the halves of each Philox block passed between lanes
+
+
 def test_hopper_backward_bulk_dq(tmp_path, monkeypatch):
     """dq_bulk ("b"): dQ leaves through shared memory as TMA tensor reductions, none element by element; not with
     deterministic dQ; with a split head dim (256) too. decoupled ("d") builds on it."""
