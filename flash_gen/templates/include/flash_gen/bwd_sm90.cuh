@@ -384,6 +384,7 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
     float slope = 0.f;  // ALiBi, pre-divided by the softmax scale (alibi_scale) as scale_log2 multiplies it back
     if constexpr (T::kAlibi) slope = p.alibi_slopes[batch * p.alibi_batch_stride + head] * p.alibi_scale;
     const int64_t acc0 = acc_row0(p, T::kVarlen, batch, head, entry_q_start());
+    const DropoutRng rng = make_dropout_rng<T::kDropout>(p, batch, head);
     // The statistics' rows from the 16-byte boundary; dense rows start at multiples of block_m (acc_row0).
     const int stat_shift = T::kVarlen ? int(acc0 & 3) : 0;
     if (tidx == 0 && m_min < m_max && g > 0) load_q_do(head, m_min, step % T::kStages);
@@ -417,8 +418,7 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
       // Dropout: the keep bits of this thread's S^T elements (drawn under the step's first GEMMs).
       uint32_t keep[T::kDropout ? (kBlockM / 2 + 31) / 32 : 1];
       auto draw_keep = [&] {
-        // The seed read again each step (an L1 hit under the step's GEMMs) rather than held through the loop.
-        if constexpr (T::kDropout) dropout_keep_bits_t(keep, cS, row0, col0, make_dropout_rng<true>(p, batch, head));
+        if constexpr (T::kDropout) dropout_keep_bits_t(keep, cS, row0, col0, rng);
       };
 
       // P^T in place of S^T (a hidden (query, key) pair gives P = 0), and, with_dp, dS^T in place of dP^T (dropout:
