@@ -53,9 +53,9 @@ def varlen_paged_cases() -> int:
     return 4
 
 
-def dense_backward_cases() -> int:
+def dense_backward_cases(dropout_p: float = 0.0) -> int:
     """GQA, seqlen_q above and below seqlen_k, single rows, every mask kind (the Hopper backward's keys and the
-    portable one's)."""
+    portable one's), with dropout when `dropout_p` > 0."""
     cases = [  # head dim, batch, seqlen_q, seqlen_k, heads, KV heads, causal, window
         (64, 2, 301, 777, 6, 2, False, (-1, -1)),
         (64, 1, 777, 301, 4, 4, True, (-1, -1)),
@@ -71,8 +71,34 @@ def dense_backward_cases() -> int:
     for d, b, sq, sk, h, hk, causal, window in cases:
         q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         k, v = (torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
-        out = flash_attn_func(q, k, v, causal=causal, window_size=window)
+        out = flash_attn_func(q, k, v, dropout_p=dropout_p, causal=causal, window_size=window)
         out.backward(torch.randn_like(out))
+    return len(cases)
+
+
+def dropout_backward_tiling_cases() -> int:
+    """Dropout through Hopper backward tilings the dropout keys' defaults do not use (tests/test_dropout_gpu.py
+    builds them): 80- and 128-query steps, decoupled warpgroups, the split head dim with and without bulk dQ."""
+    from flash_gen.bwd_tilings import config_from_name
+    from flash_gen.ops import dropout_seed
+    from flash_gen.runtime.bwd import attention_bwd
+    from flash_gen.runtime.fwd import attention_fwd
+
+    cases = [  # head dim, config, batch, seqlen_q, seqlen_k, heads, KV heads, causal
+        (128, "wgbm80n128b", 2, 300, 517, 4, 1, False),
+        (128, "wgbm64n128obd", 2, 517, 300, 4, 2, True),
+        (64, "wgbm128n128ob", 2, 777, 555, 8, 8, False),
+        (256, "wgbm64n64b", 2, 333, 1200, 2, 1, True),
+        (256, "wgbm64n64o", 2, 200, 300, 4, 2, False),
+    ]
+    for d, name, b, sq, sk, h, hk, causal in cases:
+        q, do = (torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        k, v = (torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        attn = dict(softmax_scale=d**-0.5, causal=causal, window_size=(-1, 0) if causal else (-1, -1), softcap=0.0,
+                    alibi_slopes=None, dropout_p=0.2, rng_state=dropout_seed(q, 0.2))
+        out, lse = attention_fwd(q, k, v, **attn)
+        grads = [torch.empty_like(t) for t in (q, k, v)]
+        attention_bwd(do, q, k, v, out, lse, *grads, deterministic=False, config=config_from_name(name), **attn)
     return len(cases)
 
 
@@ -161,8 +187,9 @@ def kvcache_cases(seqlen_q: int = 4, page_sizes: tuple[int, ...] = (0, 1, 16, 25
 
 if __name__ == "__main__":
     n = varlen_cases() + varlen_cases(128) + dense_backward_cases() + pack_gqa_cases() + dense_split_cases()
+    n += dense_backward_cases(dropout_p=0.2)
     n += kvcache_cases() + kvcache_cases(70, (0, 256)) + varlen_paged_cases()
     if torch.cuda.get_device_capability() == (9, 0):
-        n += hopper_tiling_cases()
+        n += hopper_tiling_cases() + dropout_backward_tiling_cases()
     torch.cuda.synchronize()
     print(f"memcheck_cases: {n} calls completed")
