@@ -198,7 +198,7 @@ def variants(arch: str,
         out.add(default("bf16", 64, "causal", dropout=True))  # the API, torch.compile and CUDA-graph tests
         out.add(default_bwd("bf16", 64, "causal", dropout=True))
         out.update(default("fp16", 128, "none", varlen=True, dropout=d) for d in (False, True))  # the varlen API
-        for d, mask in itertools.product((64, 128), ("none", "causal")):  # flash-gen bench --dropout
+        for d, mask in itertools.product((64, 128, 256), ("none", "causal")):  # flash-gen bench --dropout
             out.update((default("bf16", d, mask, dropout=True), default_bwd("bf16", d, mask, dropout=True)))
     # Tilings the shipped tuning database picks for keys the suites use (the runtime prefers them), their own
     # entries or, for the Hopper forward, those of the head dim they compute.
