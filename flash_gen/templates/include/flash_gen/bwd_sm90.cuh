@@ -421,8 +421,20 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
         if constexpr (T::kDropout) dropout_keep_bits_t(keep, cS, row0, col0, rng);
       };
 
-      // P^T in place of S^T (a hidden (query, key) pair gives P = 0), and, with_dp, dS^T in place of dP^T (dropout:
-      // then P^T kept and scaled; without dp, P^T as it is).
+      // dS^T's element v = P^T (dP^T - d) in place of dP^T, P^T in acc_s, d its query's rowsum(dO * O); dropout:
+      // P^T (Z dP^T / (1 - p) - d), and acc_s then holds dV's operand, P^T kept and scaled.
+      auto ds_element = [&](auto& acc_s, auto& acc_dp, int v, float d) {
+        const float pt = acc_s(v);
+        float dp = acc_dp(v);
+        if constexpr (T::kDropout) {
+          const bool kept = kept_bit(keep, v);
+          acc_s(v) = kept ? pt * p.dropout_scale : 0.f;
+          dp = kept ? dp * p.dropout_scale : 0.f;
+        }
+        acc_dp(v) = pt * (dp - d);
+      };
+      // P^T in place of S^T (a hidden (query, key) pair gives P = 0), and, with_dp, dS^T in place of dP^T
+      // (ds_element; without dp, P^T as it is).
       // Coordinates as offsets from the thread's first element fold into constants (attn_mask.cuh does the same):
       // an element's key offset from its query's diagonal is base + off, so the bounds become per-thread limits on
       // the constant off, compared against immediates.
@@ -450,13 +462,7 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
             }
             acc_s(i + j) = pt;
             if constexpr (decltype(with_dp)::value) {
-              float dp = acc_dp(i + j);
-              if constexpr (T::kDropout) {
-                const bool kept = kept_bit(keep, i + j);
-                acc_s(i + j) = kept ? pt * p.dropout_scale : 0.f;
-                dp = kept ? dp * p.dropout_scale : 0.f;
-              }
-              acc_dp(i + j) = pt * (dp - (j ? dsum2.y : dsum2.x));
+              ds_element(acc_s, acc_dp, i + j, j ? dsum2.y : dsum2.x);
               if constexpr (T::kSoftcap) acc_dp(i + j) *= 1.f - t * t;
             }
           }
@@ -473,24 +479,14 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
           softmax_grad(acc_s, acc_dp, with_dp, cute::true_type{});
         }
       };
-      // dS^T = P^T (dP^T - rowsum(dO * O)) in place of dP^T, P^T already in acc_s (0 where hidden); dropout: dP^T
-      // and then P^T kept and scaled.
+      // dS^T in place of dP^T, P^T already in acc_s (0 where hidden).
       auto ds_from_p = [&](auto& acc_s, auto& acc_dp) {
         const int q0 = get<1>(cS(0));
         CUTE_UNROLL
         for (int i = 0; i < size(acc_dp); i += 2) {
           const float2 dsum2 = stat_pair(dsum, q0 + (get<1>(cS(i)) - q0));
-          CUTE_UNROLL
-          for (int j = 0; j < 2; ++j) {
-            const float pt = acc_s(i + j);
-            float dp = acc_dp(i + j);
-            if constexpr (T::kDropout) {
-              const bool kept = kept_bit(keep, i + j);
-              acc_s(i + j) = kept ? pt * p.dropout_scale : 0.f;
-              dp = kept ? dp * p.dropout_scale : 0.f;
-            }
-            acc_dp(i + j) = pt * (dp - (j ? dsum2.y : dsum2.x));
-          }
+          ds_element(acc_s, acc_dp, i, dsum2.x);
+          ds_element(acc_s, acc_dp, i + 1, dsum2.y);
         }
       };
       // Unsplit: P^T and dS^T in bf16 registers, the A operands of dV and dK, live until those wgmmas are waited for.
