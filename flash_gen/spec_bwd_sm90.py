@@ -87,11 +87,14 @@ def default_sm90_bwd_config(key: BwdKey, wide_steps: bool = True) -> Sm90BwdConf
     80-query steps (dQ transposed) with bulk dQ and without the overlap, which spills 32 B there: fwd+bwd
     +0.3-3.9% at head dims 96 and 128 (2k-8k, 2026-12-03, docs/hopper_backward.md). Masks keep 64-query steps:
     causal at head dim 128 -1..-3% at 2k, +0..2% at 4k-8k, windows -0.5..-1%; with ALiBi or in a packed batch the
-    80-query steps spill 4-44 B. `wide_steps` False: the 64-query tiling those wider steps fall back to."""
+    80-query steps spill 4-44 B, and with dropout (the keep bits) 100-416 B at head dims 64 and 128 (NVRTC 13.0,
+    2026-12-05), so dropout keys start at 64-query steps and a first call compiles no tiling bound to spill.
+    `wide_steps` False: the 64-query tiling those wider steps fall back to."""
     d = sm90_bwd_head_dim(key)
     bulk = not key.deterministic
     overlap = d <= 64 or bulk or (key.mask == "none" and not key.varlen)
-    if wide_steps and bulk and not key.alibi:  # with ALiBi, 128-query steps spill 28-80 B
+    # with ALiBi, 128-query steps spill 28-80 B; with dropout, 100-416 B
+    if wide_steps and bulk and not key.alibi and not key.dropout:
         if d == 64:
             return Sm90BwdConfig(128, 128, overlap, bulk)
         if d == 128 and key.mask == "none" and not key.varlen:
