@@ -19,14 +19,18 @@ from flash_gen.build.library import Library, Record
 from flash_gen.gen import render
 
 # Keys every library holds (defaults, plus whatever the tuning database names for them): the head dims of the
-# ANCHORS shapes and common models, both dtypes, every mask, forward and backward; decoding kernels for GQA, and
-# for dense calls with few query tiles pack-GQA and split-KV forms (decoding or short chunks via flash_attn_func);
-# over caches read tile by tile, both the decoding steps' tiling and the chunks' (fwd_tilings.cache_chunk_runs_hopper).
+# ANCHORS shapes and common models, both dtypes, every mask, forward and backward, and some with dropout; decoding
+# kernels for GQA, and for dense calls with few query tiles pack-GQA and split-KV forms (decoding or short chunks via
+# flash_attn_func); over caches read tile by tile, both the decoding steps' tiling and the chunks'
+# (fwd_tilings.cache_chunk_runs_hopper).
 HEAD_DIMS = (64, 96, 128, 192, 256)
 # On sm90 the Hopper kernels serve the vision models' 72 and 80 with 80's forward kernels and 128's backward ones
 # (render.kernel_key), which costs a few forward kernels there; the portable kernels specialise every head dim.
 HOPPER_HEAD_DIMS = HEAD_DIMS + (72, 80)
 DECODE_HEAD_DIMS = (64, 128)
+# Training with dropout: the head dims most models train at, unmasked and causal, so a first call does not spend
+# minutes compiling a forward and a backward (a key's chain can walk several tilings that spill).
+DROPOUT_HEAD_DIMS = (64, 128)
 
 
 def plan(arch: str) -> list[tuple]:
@@ -34,8 +38,12 @@ def plan(arch: str) -> list[tuple]:
     by entry name."""
     out: set[tuple] = set()
     head_dims = HOPPER_HEAD_DIMS if arch == "sm90" else HEAD_DIMS
-    for dtype, hd, mask in itertools.product(spec.DTYPES, head_dims, spec.MASKS):
-        fwd, bwd = spec.FwdKey(arch, dtype, hd, mask), spec_bwd.BwdKey(arch, dtype, hd, mask)
+    training = [(dtype, hd, mask, False) for dtype, hd, mask in itertools.product(spec.DTYPES, head_dims, spec.MASKS)]
+    training += [(dtype, hd, mask, True)
+                 for dtype, hd, mask in itertools.product(spec.DTYPES, DROPOUT_HEAD_DIMS, ("none", "causal"))]
+    for dtype, hd, mask, dropout in training:
+        fwd = spec.FwdKey(arch, dtype, hd, mask, dropout=dropout)
+        bwd = spec_bwd.BwdKey(arch, dtype, hd, mask, dropout=dropout)
         out |= {(fwd, fwd_tilings.default_config(fwd)), (bwd, bwd_tilings.default_config(bwd))}
     for dtype, hd, mask in itertools.product(spec.DTYPES, DECODE_HEAD_DIMS, ("none", "causal")):
         keys = [spec.FwdKey(arch, dtype, hd, mask, kv=kv, split=split, pack_gqa=True)
