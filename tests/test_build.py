@@ -56,7 +56,7 @@ def cache_dir(tmp_path, monkeypatch):
 
 
 def fake_result(entry: str, arch: str) -> nvrtc.CompileResult:
-    return nvrtc.CompileResult(entry, arch, b"\x7fELF fake cubin " + entry.encode(), "", "", 8, 0, 0, 0, 0)
+    return nvrtc.CompileResult(entry, arch, b"\x7fELF fake cubin " + entry.encode(), None, "", 8, 0, 0, 0, 0)
 
 
 # --- compiler -------------------------------------------------------------------------------------------
@@ -181,14 +181,14 @@ def test_kernels_stored_together_share_one_cubin_file(monkeypatch):
     shared file is caught (sha256) for every entry that uses it. Compiling one of those kernels again in another
     batch leaves the first batch's file alone (it once overwrote it, breaking the other entries)."""
     shared = b"\x7fELF one cubin, two kernels"
-    results = [nvrtc.CompileResult(e, "sm90", shared, "", "", 8, 0, 0, 0, 0) for e in ("a", "b")]
+    results = [nvrtc.CompileResult(e, "sm90", shared, None, "", 8, 0, 0, 0, 0) for e in ("a", "b")]
     metas = cache.store_many([("src a", results[0]), ("src b", results[1])], "sm90", (), 1.0)
     assert metas[0]["cubin_file"] == metas[1]["cubin_file"] == f"sm90/{metas[0]['cubin_sha256'][:2]}/" \
                                                               f"{metas[0]['cubin_sha256']}.cubin"
     assert [p.name for p in settings.cache_dir().rglob("*.cubin")] == [Path(metas[1]["cubin_file"]).name]
     assert cache.lookup("src b", "b", "sm90") == (shared, metas[1])
     other = b"\x7fELF a and c compiled together"
-    results = [nvrtc.CompileResult(e, "sm90", other, "", "", 8, 0, 0, 0, 0) for e in ("a", "c")]
+    results = [nvrtc.CompileResult(e, "sm90", other, None, "", 8, 0, 0, 0, 0) for e in ("a", "c")]
     cache.store_many([("src a", results[0]), ("src c", results[1])], "sm90", (), 1.0)
     assert cache.lookup("src a", "a", "sm90")[0] == other and cache.lookup("src b", "b", "sm90") == (shared, metas[1])
     (settings.cache_dir() / metas[1]["cubin_file"]).write_bytes(b"garbage")

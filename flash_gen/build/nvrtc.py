@@ -1,4 +1,11 @@
-"""NVRTC: CUDA C++ source -> cubin + PTX for one arch, and ptxas's resource report for the entry kernel.
+"""NVRTC + nvJitLink: CUDA C++ source -> cubin (and PTX on demand) for one arch, and ptxas's resource report for the
+entry kernels.
+
+NVRTC compiles the source to LTO IR (-dlto) and nvJitLink links it for the real arch, keeping only the entry kernels
+and the device variables they use. With -default-device (which CUTLASS's host-less headers need under NVRTC) every
+constexpr variable CuTe instantiates is a device variable, and a whole-program NVRTC compile keeps all of them: a
+one-kernel cubin was 993 KB, 95% symbol and string tables and the relocations of 4,333 unused variables, where the
+link gives 49 KB with the same SASS (2026-12-05, docs/benchmarks.md "Compile time").
 
 Owns the compiler flags, the include path (CuTe/CUTLASS, CUDA and CCCL headers from their pip wheels, plus
 flash_gen's own templates/include) and the fingerprint of both that the cubin cache keys on. Caching is
@@ -21,12 +28,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from cuda.bindings import nvrtc
+from cuda.bindings import nvjitlink, nvrtc
 
 from flash_gen import errors, settings
 from flash_gen.build import sass
 
 ARCH_TARGETS = {"sm80": "sm_80", "sm90": "sm_90a", "sm100": "sm_100a"}
+# What NVRTC compiles to for each: the virtual arch of the LTO IR that nvJitLink then links for ARCH_TARGETS.
+_VIRTUAL_TARGETS = {arch: target.replace("sm_", "compute_") for arch, target in ARCH_TARGETS.items()}
 
 TEMPLATE_INCLUDE_DIR = Path(__file__).resolve().parent.parent / "templates" / "include"
 
@@ -93,12 +102,12 @@ def _header_versions() -> tuple[str, ...]:
 
 
 def _base_options(arch: str) -> list[str]:
+    """NVRTC's flags (to LTO IR; nvJitLink's are _link_options)."""
     if arch not in ARCH_TARGETS:
         raise ValueError(f"arch must be one of {tuple(ARCH_TARGETS)}, got {arch!r}")
     # --no-cache: when a driver is installed, NVRTC >= 12.9 serves repeat compiles from the driver's compute
-    # cache (~/.nv/ComputeCache), and such a hit skips ptxas, so the resource report is missing (seen on an
-    # H200 machine). build/cache.py already keeps every cubin.
-    opts = [f"-arch={ARCH_TARGETS[arch]}", "-std=c++17", "-default-device", "--ptxas-options=-v", "--no-cache"]
+    # cache (~/.nv/ComputeCache); build/cache.py already keeps every cubin.
+    opts = [f"-arch={_VIRTUAL_TARGETS[arch]}", "-dlto", "-std=c++17", "-default-device", "--no-cache"]
     if settings.lineinfo():
         opts.append("-lineinfo")
     if not settings.debug():
@@ -106,11 +115,42 @@ def _base_options(arch: str) -> list[str]:
     return opts
 
 
+def _link_options(arch: str, entries: Sequence[str], ptx: bool) -> list[str]:
+    """nvJitLink's flags: link-time optimisation for the real arch, keeping `entries` and the device variables they
+    use; the ptxas report (-v) for the cubin, or PTX instead of a cubin."""
+    opts = [f"-arch={ARCH_TARGETS[arch]}", "-lto", "-optimize-unused-variables",
+            *(f"-kernels-used={e}" for e in entries)]
+    opts += ["-ptx"] if ptx else ["-Xptxas=-v"]
+    if settings.lineinfo():
+        opts.append("-lineinfo")
+    return opts
+
+
+@functools.lru_cache(maxsize=None)
+def nvjitlink_version() -> tuple[int, int]:
+    return nvjitlink.version()
+
+
 def compile_options_fingerprint(arch: str, options: tuple[str, ...] = ()) -> str:
-    """Everything besides the source that decides the compiler's output: flags (FLASH_GEN_DEBUG included),
-    extra options and the versions of the header wheels. Include-dir locations are left out on purpose so
-    the cache is valid wherever the wheels are installed."""
-    return " ".join([*_base_options(arch), *options, *_header_versions()])
+    """Everything besides the source and NVRTC's version that decides the compiler's output: flags (FLASH_GEN_DEBUG
+    included), extra options, nvJitLink's version (its ptxas makes the SASS) and the versions of the header wheels.
+    Include-dir locations are left out on purpose so the cache is valid wherever the wheels are installed."""
+    return " ".join([*_base_options(arch), *_link_options(arch, (), False), *options,
+                     "nvJitLink %d.%d" % nvjitlink_version(), *_header_versions()])
+
+
+@dataclass(frozen=True, eq=False)
+class LinkUnit:
+    """A translation unit's LTO IR and entry kernels, shared by their CompileResults; its PTX is linked on first
+    use (a second link: the build needs only the cubin)."""
+
+    arch: str
+    entries: tuple[str, ...]
+    ltoir: bytes = field(repr=False)
+
+    @functools.cached_property
+    def ptx(self) -> str:
+        return _link(self.ltoir, self.entries, self.arch, ptx=True)[0].decode()
 
 
 @dataclass(frozen=True)
@@ -118,7 +158,7 @@ class CompileResult:
     entry: str
     arch: str
     cubin: bytes = field(repr=False)
-    ptx: str = field(repr=False)
+    unit: LinkUnit | None = field(repr=False)  # None for results not compiled here (tests)
     log: str = field(repr=False)
     registers: int
     spill_stores: int
@@ -134,6 +174,11 @@ class CompileResult:
     def spills(self) -> bool:
         return self.spill_stores > 0 or self.spill_loads > 0
 
+    @property
+    def ptx(self) -> str:
+        """The PTX of the unit's entries after link-time optimisation."""
+        return self.unit.ptx if self.unit is not None else ""
+
 
 def compile_source(source: str, entry: str, arch: str, options: tuple[str, ...] = ()) -> CompileResult:
     """Compile `source` for `arch` ("sm80" | "sm90" | "sm100"). `entry` is the kernel's symbol name, so the
@@ -145,8 +190,8 @@ def compile_many(source: str, entries: Sequence[str], arch: str, options: tuple[
     """Compile a translation unit holding several extern "C" kernels once; one CompileResult per entry, all
     sharing the cubin, PTX and log, each with its own ptxas resources.
 
-    One compile gives both the cubin and the PTX: NVRTC 13 (checked with 13.0) keeps the PTX of a real-arch
-    (-arch=sm_XX) build, so nvrtcGetPTX needs no second compile for compute_XX."""
+    NVRTC compiles the unit to LTO IR once; one nvJitLink link of it gives the cubin of all entries and ptxas's
+    report (`ptx` links it again, once per unit, only when read)."""
     name = entries[0]
     opts = [*_base_options(arch), *(f"-I{d}" for d in _include_dirs()), *options]
     prog = _call(nvrtc.nvrtcCreateProgram(source.encode(), f"{name}.cu".encode(), 0, [], []),
@@ -157,16 +202,50 @@ def compile_many(source: str, entries: Sequence[str], arch: str, options: tuple[
         if compiled:
             path = _save_failed_source(source, name, arch, opts, log)
             raise errors.CompileError(name, arch, log, path)
-        cubin = _get_bytes(prog, nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN, name, arch)
-        ptx = _get_bytes(prog, nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX, name, arch).rstrip(b"\0").decode()
+        ltoir = _get_bytes(prog, nvrtc.nvrtcGetLTOIRSize, nvrtc.nvrtcGetLTOIR, name, arch)
     finally:
         _call(nvrtc.nvrtcDestroyProgram(prog), "nvrtcDestroyProgram", name, arch)
+    cubin, link_log = _link(ltoir, entries, arch, ptx=False)
+    log = "\n".join(part for part in (log, link_log) if part)
     reports = [_parse_ptxas_report(log, e, arch) for e in entries]
     listings = sass.functions(cubin) if arch == "sm90" else None  # HGMMA is sm_90a's
     for e, report in zip(entries, reports):
         if listings is not None and e in listings:  # what ptxas serialised without its notice
             report["wgmma_serialized"] |= sass.serialised(*sass.hgmma_batches(listings[e]))
-    return [CompileResult(e, arch, cubin, ptx, log, **r) for e, r in zip(entries, reports)]
+    unit = LinkUnit(arch, tuple(entries), ltoir)
+    return [CompileResult(e, arch, cubin, unit, log, **r) for e, r in zip(entries, reports)]
+
+
+def _link(ltoir: bytes, entries: Sequence[str], arch: str, ptx: bool) -> tuple[bytes, str]:
+    """nvJitLink: the LTO IR of a unit -> (cubin or PTX holding `entries`, the info log with ptxas's report)."""
+    name = entries[0]
+    opts = _link_options(arch, entries, ptx)
+    try:
+        handle = nvjitlink.create(len(opts), opts)
+    except nvjitlink.nvJitLinkError as e:
+        raise errors.CompileError(name, arch, f"nvJitLinkCreate failed: {e} (options: {' '.join(opts)})", None) from e
+    try:
+        try:
+            nvjitlink.add_data(handle, nvjitlink.InputType.LTOIR, ltoir, len(ltoir), f"{name}.ltoir")
+            nvjitlink.complete(handle)
+        except nvjitlink.nvJitLinkError as e:
+            raise errors.CompileError(name, arch, f"nvJitLink failed: {e}\n{_link_log(handle, error=True)}",
+                                      None) from e
+        size, get = ((nvjitlink.get_linked_ptx_size, nvjitlink.get_linked_ptx) if ptx else
+                     (nvjitlink.get_linked_cubin_size, nvjitlink.get_linked_cubin))
+        out = bytearray(size(handle))
+        get(handle, out)
+        return bytes(out).rstrip(b"\0") if ptx else bytes(out), _link_log(handle, error=False)
+    finally:
+        nvjitlink.destroy(handle)
+
+
+def _link_log(handle, error: bool) -> str:
+    size, get = ((nvjitlink.get_error_log_size, nvjitlink.get_error_log) if error else
+                 (nvjitlink.get_info_log_size, nvjitlink.get_info_log))
+    buf = bytearray(size(handle))
+    get(handle, buf)
+    return bytes(buf).rstrip(b"\0").decode(errors="replace")
 
 
 def _call(result: tuple, name: str, entry: str, arch: str):
