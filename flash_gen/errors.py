@@ -11,14 +11,14 @@ LOG_TAIL_LINES = 40
 
 
 class CompileError(RuntimeError):
-    """NVRTC rejected a kernel. `log` is the full compiler log; `source_path` is where the failing source
+    """NVRTC or nvJitLink rejected a kernel. `log` is the full compiler log; `source_path` is where the failing source
     was written so it can be inspected or recompiled by hand."""
 
     def __init__(self, entry: str, arch: str, log: str, source_path: str | None) -> None:
         self.entry, self.arch, self.log, self.source_path = entry, arch, log, source_path
         tail = "\n".join(log.rstrip().splitlines()[-LOG_TAIL_LINES:])
         where = f"; source written to {source_path}" if source_path else ""
-        super().__init__(f"NVRTC failed to compile {entry} for {arch}{where}\n--- log (last lines) ---\n{tail}")
+        super().__init__(f"failed to compile {entry} for {arch}{where}\n--- log (last lines) ---\n{tail}")
 
     def __reduce__(self):
         return type(self), (self.entry, self.arch, self.log, self.source_path)

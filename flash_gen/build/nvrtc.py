@@ -4,8 +4,8 @@ entry kernels.
 NVRTC compiles the source to LTO IR (-dlto) and nvJitLink links it for the real arch, keeping only the entry kernels
 and the device variables they use. With -default-device (which CUTLASS's host-less headers need under NVRTC) every
 constexpr variable CuTe instantiates is a device variable, and a whole-program NVRTC compile keeps all of them: a
-one-kernel cubin was 993 KB, 95% symbol and string tables and the relocations of 4,333 unused variables, where the
-link gives 49 KB with the same SASS (2026-12-05, docs/benchmarks.md "Compile time").
+one-kernel cubin was 993 KB, over 90% of it the symbol and string tables and relocations of 4,333 unused variables,
+where the link gives 49 KB with the same SASS (2026-12-05, docs/benchmarks.md "Compile time").
 
 Owns the compiler flags, the include path (CuTe/CUTLASS, CUDA and CCCL headers from their pip wheels, plus
 flash_gen's own templates/include) and the fingerprint of both that the cubin cache keys on. Caching is
@@ -205,7 +205,10 @@ def compile_many(source: str, entries: Sequence[str], arch: str, options: tuple[
         ltoir = _get_bytes(prog, nvrtc.nvrtcGetLTOIRSize, nvrtc.nvrtcGetLTOIR, name, arch)
     finally:
         _call(nvrtc.nvrtcDestroyProgram(prog), "nvrtcDestroyProgram", name, arch)
-    cubin, link_log = _link(ltoir, entries, arch, ptx=False)
+    try:
+        cubin, link_log = _link(ltoir, entries, arch, ptx=False)
+    except errors.CompileError as e:  # ptxas's errors (shared memory, registers) come from the link
+        raise errors.CompileError(name, arch, e.log, _save_failed_source(source, name, arch, opts, e.log)) from e
     log = "\n".join(part for part in (log, link_log) if part)
     reports = [_parse_ptxas_report(log, e, arch) for e in entries]
     listings = sass.functions(cubin) if arch == "sm90" else None  # HGMMA is sm_90a's
