@@ -36,7 +36,8 @@ def test_plan_holds_defaults_and_every_live_tuned_variant():
         assert {render.entry_name(fwd, fwd_tilings.default_config(fwd)),
                 render.entry_name(bwd, bwd_tilings.default_config(bwd))} <= kernels
     for hd in make_library.DROPOUT_HEAD_DIMS:  # training with dropout, forward and backward
-        fwd, bwd = FwdKey("sm90", "bf16", hd, "causal", dropout=True), BwdKey("sm90", "bf16", hd, "causal", dropout=True)
+        fwd = FwdKey("sm90", "bf16", hd, "causal", dropout=True)
+        bwd = BwdKey("sm90", "bf16", hd, "causal", dropout=True)
         assert {(fwd, fwd_tilings.default_config(fwd)), (bwd, bwd_tilings.default_config(bwd))} <= variants
     assert any(getattr(k, "kv", "") == "paged" and k.split and k.pack_gqa for k, _ in variants)  # decoding
     assert (FwdKey("sm90", "bf16", 128, "causal", split=True), fwd_tilings.default_config(
