@@ -117,6 +117,21 @@ def test_compile_error_carries_log_and_source(cache_dir):
     assert (again.entry, again.log, again.source_path, str(again)) == (e.entry, e.log, e.source_path, str(e))
 
 
+def test_nvjitlink_older_than_nvrtc_is_named_and_a_newer_one_warned(monkeypatch, caplog, cache_dir):
+    """nvJitLink cannot link a newer NVRTC's IR; a newer nvJitLink links it, but its ptxas may schedule otherwise."""
+    nvrtc._linker_mismatch.cache_clear()
+    major, minor = nvrtc.nvrtc_version()
+    monkeypatch.setattr(nvrtc, "nvjitlink_version", lambda: (major, minor - 1) if minor else (major - 1, 9))
+    with pytest.raises(errors.CompileError, match="nvidia-nvjitlink=="):
+        nvrtc.compile_source(PLAIN_SOURCE, "fg_plain", "sm80")
+    nvrtc._linker_mismatch.cache_clear()
+    monkeypatch.setattr(nvrtc, "nvjitlink_version", lambda: (major, minor + 5))
+    with caplog.at_level(logging.WARNING, logger="flash_gen"):
+        assert nvrtc._linker_mismatch() is None
+    assert "SASS may differ" in caplog.text
+    nvrtc._linker_mismatch.cache_clear()
+
+
 def test_unknown_arch_and_include_dirs():
     with pytest.raises(ValueError, match="sm70"):
         nvrtc.compile_options_fingerprint("sm70", ())

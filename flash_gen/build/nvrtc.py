@@ -219,9 +219,26 @@ def compile_many(source: str, entries: Sequence[str], arch: str, options: tuple[
     return [CompileResult(e, arch, cubin, unit, log, **r) for e, r in zip(entries, reports)]
 
 
+@functools.lru_cache(maxsize=None)
+def _linker_mismatch() -> str | None:
+    """Why this nvJitLink cannot link NVRTC's IR (an older one), or None; a newer minor version is warned about once:
+    its ptxas schedules otherwise (13.5's serialised the wgmmas of a Hopper backward tiling that 13.0's does not)."""
+    link, rtc = nvjitlink_version(), nvrtc_version()
+    pin = f"pip install 'nvidia-nvjitlink=={rtc[0]}.{rtc[1]}.*'"
+    if link[0] != rtc[0] or link < rtc:
+        return f"nvJitLink {link[0]}.{link[1]} cannot link the IR of NVRTC {rtc[0]}.{rtc[1]}: {pin}"
+    if link != rtc:
+        settings.logger().warning("nvJitLink %d.%d links NVRTC %d.%d's kernels: their SASS may differ from the "
+                                  "measured ones (%s)", *link, *rtc, pin)
+    return None
+
+
 def _link(ltoir: bytes, entries: Sequence[str], arch: str, ptx: bool) -> tuple[bytes, str]:
     """nvJitLink: the LTO IR of a unit -> (cubin or PTX holding `entries`, the info log with ptxas's report)."""
     name = entries[0]
+    mismatch = _linker_mismatch()
+    if mismatch:
+        raise errors.CompileError(name, arch, mismatch, None)
     opts = _link_options(arch, entries, ptx)
     try:
         handle = nvjitlink.create(len(opts), opts)
