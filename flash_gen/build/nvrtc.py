@@ -239,7 +239,9 @@ def _link(ltoir: bytes, entries: Sequence[str], arch: str, ptx: bool) -> tuple[b
     mismatch = _linker_mismatch()
     if mismatch:
         raise errors.CompileError(name, arch, mismatch, None)
-    opts = _link_options(arch, entries, ptx)
+    # -no-cache: with a driver installed nvJitLink serves repeat links from its compute cache, skipping ptxas and so
+    # its report. It does not change the output, so the cache key (compile_options_fingerprint) leaves it out.
+    opts = [*_link_options(arch, entries, ptx), "-no-cache"]
     try:
         handle = nvjitlink.create(len(opts), opts)
     except nvjitlink.nvJitLinkError as e:
