@@ -88,7 +88,7 @@ def default_sm90_bwd_config(key: BwdKey, wide_steps: bool = True) -> Sm90BwdConf
     +0.3-3.9% at head dims 96 and 128 (2k-8k, 2026-12-03, docs/hopper_backward.md). Masks keep 64-query steps:
     causal at head dim 128 -1..-3% at 2k, +0..2% at 4k-8k, windows -0.5..-1%; with ALiBi or in a packed batch the
     80-query steps spill 4-44 B, and with dropout (the keep bits) 100-416 B at head dims 64 and 128 (NVRTC 13.0,
-    2026-12-05), so dropout keys start at 64-query steps and a first call compiles no tiling bound to spill.
+    2026-12-05), so dropout keys start at 64-query steps rather than compile wider ones bound to spill.
     `wide_steps` False: the 64-query tiling those wider steps fall back to."""
     d = sm90_bwd_head_dim(key)
     bulk = not key.deterministic
