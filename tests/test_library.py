@@ -3,6 +3,7 @@ rebuilds, corrupt or foreign entries falling back to the cache/JIT, and the load
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import pytest
@@ -38,6 +39,9 @@ def test_plan_holds_defaults_and_every_live_tuned_variant():
     for hd in make_library.DROPOUT_HEAD_DIMS:  # training with dropout, forward and backward
         fwd = FwdKey("sm90", "bf16", hd, "causal", dropout=True)
         bwd = BwdKey("sm90", "bf16", hd, "causal", dropout=True)
+        assert {(fwd, fwd_tilings.default_config(fwd)), (bwd, bwd_tilings.default_config(bwd))} <= variants
+    for hd, mask in itertools.product(make_library.VARLEN_HEAD_DIMS, ("causal", "local")):  # packed batches
+        fwd, bwd = FwdKey("sm90", "fp16", hd, mask, varlen=True), BwdKey("sm90", "fp16", hd, mask, varlen=True)
         assert {(fwd, fwd_tilings.default_config(fwd)), (bwd, bwd_tilings.default_config(bwd))} <= variants
     assert any(getattr(k, "kv", "") == "paged" and k.split and k.pack_gqa for k, _ in variants)  # decoding
     assert (FwdKey("sm90", "bf16", 128, "causal", split=True), fwd_tilings.default_config(

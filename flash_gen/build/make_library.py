@@ -19,7 +19,8 @@ from flash_gen.build.library import Library, Record
 from flash_gen.gen import render
 
 # Keys every library holds (defaults, plus whatever the tuning database names for them): the head dims of the
-# ANCHORS shapes and common models, both dtypes, every mask, forward and backward, and some with dropout; decoding
+# ANCHORS shapes and common models, both dtypes, every mask, forward and backward, and some with dropout or packed
+# ragged batches; decoding
 # kernels for GQA, and for dense calls with few query tiles pack-GQA and split-KV forms (decoding or short chunks via
 # flash_attn_func); over caches read tile by tile, both the decoding steps' tiling and the chunks'
 # (fwd_tilings.cache_chunk_runs_hopper).
@@ -31,6 +32,10 @@ DECODE_HEAD_DIMS = (64, 128)
 # Training with dropout: the head dims most models train at, unmasked and causal, so a first call does not spend
 # minutes compiling a forward and a backward (a key's chain can walk several tilings that spill).
 DROPOUT_HEAD_DIMS = (64, 128)
+# Packed ragged batches (flash_attn_varlen_func), the way most language models train: the common head dims, every
+# mask (sliding windows included), both dtypes, forward and backward. Their kernels are not the dense ones (rows are
+# found through cu_seqlens), so without these a first packed call compiles a forward and a backward.
+VARLEN_HEAD_DIMS = (64, 128)
 
 
 def plan(arch: str) -> list[tuple]:
@@ -38,12 +43,14 @@ def plan(arch: str) -> list[tuple]:
     by entry name."""
     out: set[tuple] = set()
     head_dims = HOPPER_HEAD_DIMS if arch == "sm90" else HEAD_DIMS
-    training = [(dtype, hd, mask, False) for dtype, hd, mask in itertools.product(spec.DTYPES, head_dims, spec.MASKS)]
-    training += [(dtype, hd, mask, True)
+    training = [(dtype, hd, mask, {}) for dtype, hd, mask in itertools.product(spec.DTYPES, head_dims, spec.MASKS)]
+    training += [(dtype, hd, mask, {"dropout": True})
                  for dtype, hd, mask in itertools.product(spec.DTYPES, DROPOUT_HEAD_DIMS, ("none", "causal"))]
-    for dtype, hd, mask, dropout in training:
-        fwd = spec.FwdKey(arch, dtype, hd, mask, dropout=dropout)
-        bwd = spec_bwd.BwdKey(arch, dtype, hd, mask, dropout=dropout)
+    training += [(dtype, hd, mask, {"varlen": True})
+                 for dtype, hd, mask in itertools.product(spec.DTYPES, VARLEN_HEAD_DIMS, spec.MASKS)]
+    for dtype, hd, mask, features in training:
+        fwd = spec.FwdKey(arch, dtype, hd, mask, **features)
+        bwd = spec_bwd.BwdKey(arch, dtype, hd, mask, **features)
         out |= {(fwd, fwd_tilings.default_config(fwd)), (bwd, bwd_tilings.default_config(bwd))}
     for dtype, hd, mask in itertools.product(spec.DTYPES, DECODE_HEAD_DIMS, ("none", "causal")):
         keys = [spec.FwdKey(arch, dtype, hd, mask, kv=kv, split=split, pack_gqa=True)
