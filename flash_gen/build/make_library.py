@@ -20,10 +20,9 @@ from flash_gen.gen import render
 
 # Keys every library holds (defaults, plus whatever the tuning database names for them): the head dims of the
 # ANCHORS shapes and common models, both dtypes, every mask, forward and backward, and some with dropout or packed
-# ragged batches; decoding
-# kernels for GQA, and for dense calls with few query tiles pack-GQA and split-KV forms (decoding or short chunks via
-# flash_attn_func); over caches read tile by tile, both the decoding steps' tiling and the chunks'
-# (fwd_tilings.cache_chunk_runs_hopper).
+# ragged batches; decoding kernels for GQA, and for dense calls with few query tiles pack-GQA and split-KV forms
+# (decoding or short chunks via flash_attn_func); over caches read tile by tile, both the decoding steps' tiling and
+# the chunks' (fwd_tilings.cache_chunk_runs_hopper).
 HEAD_DIMS = (64, 96, 128, 192, 256)
 # On sm90 the Hopper kernels serve the vision models' 72 and 80 with 80's forward kernels and 128's backward ones
 # (render.kernel_key), which costs a few forward kernels there; the portable kernels specialise every head dim.
