@@ -185,11 +185,20 @@ def kvcache_cases(seqlen_q: int = 4, page_sizes: tuple[int, ...] = (0, 1, 16, 25
     return calls
 
 
-if __name__ == "__main__":
-    n = varlen_cases() + varlen_cases(128) + dense_backward_cases() + pack_gqa_cases() + dense_split_cases()
-    n += dense_backward_cases(dropout_p=0.2)
-    n += kvcache_cases() + kvcache_cases(70, (0, 256)) + varlen_paged_cases()
+def main() -> None:
+    sections = [varlen_cases, lambda: varlen_cases(128), dense_backward_cases, pack_gqa_cases, dense_split_cases,
+                lambda: dense_backward_cases(dropout_p=0.2), kvcache_cases, lambda: kvcache_cases(70, (0, 256)),
+                varlen_paged_cases]
     if torch.cuda.get_device_capability() == (9, 0):
-        n += hopper_tiling_cases() + dropout_backward_tiling_cases()
-    torch.cuda.synchronize()
+        sections += [hopper_tiling_cases, dropout_backward_tiling_cases]
+    n = 0
+    for i, section in enumerate(sections):
+        n += section()
+        torch.cuda.synchronize()
+        # progress, so a run stopped by a time limit (sanitized kernels run far slower) shows how far it got
+        print(f"memcheck_cases: section {i + 1} of {len(sections)} done ({n} calls)", flush=True)
     print(f"memcheck_cases: {n} calls completed")
+
+
+if __name__ == "__main__":
+    main()
