@@ -182,6 +182,9 @@ def test_renders_and_compiles_without_spills_on_wgmma(tmp_path, monkeypatch):
         r = c.result
         assert (r.spill_stores, r.spill_loads, r.stack_frame) == (0, 0, 0), f"{c.entry} spills"
         assert not r.wgmma_serialized, f"{c.entry}: ptxas serialised its wgmmas (C7515)"
+        # ptxas allocates __launch_bounds__' cap: the CTA's register pool, which setmaxnreg only rebalances (an inc
+        # waits for registers the CTA's own decs freed), so the producer's and consumers' budgets must fit it
+        assert r.registers == min(255, 65536 // (c.cfg.ctas_per_sm * c.cfg.num_threads)) // 8 * 8, c.entry
         assert "wgmma.mma_async.sync.aligned.m64n128k16.f32" in r.ptx  # S = QK^T and O += PV
         assert "cp.async.bulk.tensor.4d" in r.ptx and "mbarrier.try_wait.parity" in r.ptx  # TMA ring
         assert "cp.async.bulk.tensor.5d" in r.ptx  # Q and O: (head_dim, group's heads, seqlen, groups, batch)
