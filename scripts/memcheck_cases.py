@@ -5,12 +5,16 @@ kernel read or write outside its tensors):
 
     compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 python3 scripts/memcheck_cases.py
 
+(`--sections 1,3` runs a subset: sanitized runs are CPU-bound, so processes over disjoint subsets finish sooner.)
+
 Malformed values give meaningless numbers; only memory safety is checked here (the GPU tests check results).
 Uses kernels tests/test_{varlen,kvcache,bwd,fwd,fwd_sm90}_gpu.py and benchmarks/bench_pack_gqa.py use (prebuilt by
 scripts/prebuild_gpu_test_kernels.py).
 """
 
 from __future__ import annotations
+
+import argparse
 
 import torch
 
@@ -186,13 +190,21 @@ def kvcache_cases(seqlen_q: int = 4, page_sizes: tuple[int, ...] = (0, 1, 16, 25
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sections", default="",
+                        help="comma list of 1-based sections to run (default: all), so that several sanitizer "
+                             "processes can share the sections, each on its own CPU core")
+    args = parser.parse_args()
     sections = [varlen_cases, lambda: varlen_cases(128), dense_backward_cases, pack_gqa_cases, dense_split_cases,
                 lambda: dense_backward_cases(dropout_p=0.2), kvcache_cases, lambda: kvcache_cases(70, (0, 256)),
                 varlen_paged_cases]
     if torch.cuda.get_device_capability() == (9, 0):
         sections += [hopper_tiling_cases, dropout_backward_tiling_cases]
+    chosen = {int(i) for i in args.sections.split(",") if i} or set(range(1, len(sections) + 1))
     n = 0
     for i, section in enumerate(sections):
+        if i + 1 not in chosen:
+            continue
         n += section()
         torch.cuda.synchronize()
         # progress, so a run stopped by a time limit (sanitized kernels run far slower) shows how far it got
