@@ -213,6 +213,24 @@ def test_the_database_keeps_no_config_slower_than_the_default_on_a_shape(tmp_pat
     assert (entry.config, entry.ms) == (allowed.user_attrs["config"], allowed.value)
 
 
+def test_a_bucket_without_finished_trials_is_not_recorded(tmp_path):
+    """A bucket whose share of --time-budget ran out after the default's measurement but before any trial (seen
+    2026-12-05: head dim 224 causal s>4k) keeps whatever the database had: an entry of the default with 0 trials
+    would claim a tune that did not happen."""
+    import argparse
+
+    from flash_gen.search.tune import _collect, study_name
+
+    fam = space.Family("fwd", "sm80", "bf16", 96, "causal")
+    bucket = space.buckets(fam)[0]
+    args = argparse.Namespace(study="t", storage=f"sqlite:///{tmp_path / 'tune.sqlite3'}", seed=0,
+                              database=tmp_path / "sm80.json", arch=("sm80",))
+    study = open_study(study_name(args, fam, bucket), args.storage, args.seed)
+    study.set_user_attr("default", {"config": space.default_config(fam).name, "ms": 2.0, "shape_ms": [1.0, 1.0]})
+    assert _collect(args, [fam]) == 0
+    assert database.load("sm80", args.database).lookup(fam.key.name, bucket.name) is None
+
+
 def test_a_bucket_first_measures_the_database_winners(tmp_path):
     """A family's buckets are seeded with the live winners of the same bucket in the database the tune updates: its
     own key's first, then the other dtype's; a stale entry (tuned against an old default), one that kept the
@@ -301,7 +319,9 @@ def test_bucket_option_tunes_and_collects_only_the_named_buckets(tmp_path, capsy
     """--bucket: the other buckets' studies are not opened and their database entries stay; an unknown bucket
     name is refused before any work."""
     import argparse
+    from concurrent.futures import ThreadPoolExecutor
 
+    from flash_gen.search.study import search
     from flash_gen.search.tune import _collect, run, selected_buckets, study_name
 
     fam = space.Family("fwd", "sm80", "bf16", 96, "causal")
@@ -316,6 +336,9 @@ def test_bucket_option_tunes_and_collects_only_the_named_buckets(tmp_path, capsy
     for bucket in space.buckets(fam):  # every bucket has a measured default in storage
         study = open_study(study_name(args, fam, bucket), args.storage, args.seed)
         study.set_user_attr("default", {"config": space.default_config(fam).name, "ms": 2.0, "shape_ms": [2.0]})
+    named = open_study(study_name(args, fam, others[-1]), args.storage, args.seed)
+    with ThreadPoolExecutor(max_workers=1) as pool:  # and the named one a finished trial (else nothing is written)
+        search(named, fam, prepare=lambda f, c: None, measure=lambda cfg: [1.0], pool=pool, workers=1, trials=1)
     assert _collect(args, [fam]) == 0
     entries = database.load("sm80", args.database).entries[fam.key.name]
     assert entries[first.name] == kept and set(entries) == {first.name, others[-1].name}

@@ -223,6 +223,10 @@ def _collect(args: argparse.Namespace, families: list[space.Family]) -> int:
             if default is None:
                 continue  # never tuned
             done = finished(study)
+            if not done:  # the time budget ran out before a trial: a recorded default would read as tuned
+                table.add_row(fam.name, bucket.name, "(no trials: not recorded)", "", default["config"],
+                              f"{default['ms']:.3f}", "", "0")
+                continue
             best_name, best_ms = default["config"], default["ms"]
             # Never keep a config slower than the default in total, or on any shape of the bucket by more than
             # SHAPE_NOISE (a repeated suggestion carries no per-shape times: its first measurement does); the
