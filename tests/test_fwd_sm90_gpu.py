@@ -82,6 +82,11 @@ CASES = [  # dtype, head dim, config, mask, batch, seqlen_q, seqlen_k, nheads, n
     ("fp16", 72, "wgm192n112s3_serial_ss_persist", "causal", 3, 777, 555, 5, 5, "rising"),  # tuned, s<=1k
     ("bf16", 208, "wgm128n64s2p", "win32_0", 2, 200, 333, 3, 1, "softcap"),
     ("bf16", 72, "wgm128n128s2p_c2_persist", "none", 2, 1000, 700, 6, 3, ""),  # K/V multicast over 144-byte rows
+    # the tuner's picks of 2026-12-05 for head dims 80, 160 and 224 (flash_gen/tuned/sm90.json)
+    ("bf16", 160, "wgm128n128s2_persist", "causal", 2, 1000, 1300, 8, 2, ""),
+    ("bf16", 224, "wgm128n96s2_persist", "none", 2, 700, 517, 8, 2, ""),
+    ("bf16", 224, "wgm128n64s3p", "causal", 2, 300, 517, 4, 2, "rising"),
+    ("bf16", 80, "wgm192n96s4p_persist", "causal", 2, 1000, 700, 8, 2, ""),
     # scores that grow along the keys: row maxima rise past the lazy-max slack mid-row, so O is rescaled late
     ("bf16", 128, "wgm128n128s2", "none", 2, 300, 1500, 4, 2, "rising"),
     ("fp16", 64, "wgm192n128s2p", "causal", 1, 700, 700, 2, 2, "rising"),
