@@ -37,11 +37,16 @@ class Sm90FwdConfig:
     # CTAs per thread-block cluster ("_c2"): neighbouring query tiles of a head, each CTA loading its share of
     # every K/V tile and multicasting it into the others (unmasked dense batches only)
     cluster: int = 1
+    # "_al": shift the columns of a KV head whose rows start 16 bytes into a 32-byte sector by 8 into the computed
+    # head dim's padding (Q and K alike, V and O alike), so every TMA box but the first starts on a sector: at head
+    # dim 72 (144-byte rows, computed in 80's 16-column boxes) each box of an odd head otherwise spans two sectors
+    align: bool = False
 
     @property
     def name(self) -> str:
         return (f"wgm{self.block_m}n{self.block_n}s{self.stages}" + ("p" if self.pingpong else "")
                 + ("" if self.overlap else "_serial") + ("_ss" if self.p_in_smem else "")
+                + ("_al" if self.align else "")
                 + (f"_c{self.cluster}" if self.cluster > 1 else "") + ("_persist" if self.persistent else ""))
 
     @property
@@ -69,6 +74,7 @@ SM90_CONFIG_SPACE = {
     "overlap": (True, False),
     "p_in_smem": (False, True),
     "cluster": (1, 2),
+    "align": (False,),  # "_al" stays out of the search (forced by name) until a GPU run has checked and measured it
 }
 
 
@@ -119,11 +125,11 @@ def needs_extended_wgmma(key: FwdKey, cfg: Sm90FwdConfig) -> bool:
 
 def sm90_config_from_name(name: str) -> Sm90FwdConfig | None:
     """Inverse of Sm90FwdConfig.name ("wgm128n128s2p"), or None for a name of another kernel family."""
-    m = re.fullmatch(r"wgm(\d+)n(\d+)s(\d+)(p?)(_serial)?(_ss)?(?:_c(\d+))?(_persist)?", name)
+    m = re.fullmatch(r"wgm(\d+)n(\d+)s(\d+)(p?)(_serial)?(_ss)?(_al)?(?:_c(\d+))?(_persist)?", name)
     if m is None:
         return None
-    return Sm90FwdConfig(int(m[2]), int(m[3]), bool(m[4]), int(m[1]), bool(m[8]), not m[5], bool(m[6]),
-                         int(m[7] or 1))
+    return Sm90FwdConfig(int(m[2]), int(m[3]), bool(m[4]), int(m[1]), bool(m[9]), not m[5], bool(m[6]),
+                         int(m[8] or 1), bool(m[7]))
 
 
 def _smem_limit(key: FwdKey, cfg: Sm90FwdConfig) -> int:
@@ -188,6 +194,10 @@ def sm90_infeasible_reason(key: FwdKey, cfg: Sm90FwdConfig) -> str | None:
         return f"cluster {cfg.cluster} must be 1 or 2"
     if cfg.cluster > 1 and (key.mask != "none" or key.varlen):
         return "a cluster's CTAs share K/V tiles, so every tile must see the same keys: unmasked dense batches only"
+    if cfg.align and (key.split or key.varlen or key.kv != "dense"):
+        return "aligned rows shift the columns of dense batches only (split partials and packed stores index them)"
+    if cfg.align and sm90_head_dim(key) - key.head_dim < 8:
+        return f"aligned rows need 8 padding columns: head dim {key.head_dim} computes as {sm90_head_dim(key)}"
     regs = (cfg.block_n // 2 + cfg.block_n // 4 + sm90_head_dim(key) // 2)  # 64 rows over 128 threads: S, P, O
     budget = CONSUMER_REGISTERS[cfg.consumers] - ADDRESSING_REGISTERS
     if regs > budget:

@@ -25,7 +25,8 @@ from flash_gen.spec_sm90 import (
 def test_config_names_round_trip_and_other_names_are_not_sm90():
     for cfg in (Sm90FwdConfig(), Sm90FwdConfig(176, 2), Sm90FwdConfig(64, 3, pingpong=False, block_m=192),
                 Sm90FwdConfig(128, 2, persistent=True), Sm90FwdConfig(64, 2, p_in_smem=True, cluster=2),
-                Sm90FwdConfig(176, 3, overlap=False, cluster=2, persistent=True)):
+                Sm90FwdConfig(176, 3, overlap=False, cluster=2, persistent=True),
+                Sm90FwdConfig(112, 2, block_m=192, p_in_smem=True, align=True, cluster=2, persistent=True)):
         assert sm90_config_from_name(cfg.name) == cfg
     assert sm90_config_from_name("m128n64w4s2") is None
 
@@ -47,6 +48,10 @@ def test_config_names_round_trip_and_other_names_are_not_sm90():
     (FwdKey("sm90", "bf16", 128, "causal"), Sm90FwdConfig(cluster=2), "unmasked dense"),
     (FwdKey("sm90", "bf16", 128, varlen=True), Sm90FwdConfig(cluster=2), "unmasked dense"),
     (FwdKey("sm90", "bf16", 128), Sm90FwdConfig(cluster=4), "1 or 2"),
+    (FwdKey("sm90", "bf16", 80), Sm90FwdConfig(112, block_m=192, align=True), "8 padding columns"),
+    (FwdKey("sm90", "bf16", 128), Sm90FwdConfig(align=True), "8 padding columns"),
+    (FwdKey("sm90", "bf16", 72, varlen=True), Sm90FwdConfig(112, block_m=192, align=True), "dense batches only"),
+    (FwdKey("sm90", "bf16", 72, split=True), Sm90FwdConfig(112, block_m=192, align=True), "dense batches only"),
 ])
 def test_infeasible_reason_explains_rejections(key, cfg, reason):
     why = sm90_infeasible_reason(key, cfg)
@@ -173,7 +178,9 @@ def test_renders_and_compiles_without_spills_on_wgmma(tmp_path, monkeypatch):
                 # head dim 80 exactly: 16-column boxes in a 32-byte swizzle, P V's N = 80 an extended shape
                 (FwdKey("sm90", "bf16", 80, "causal"), Sm90FwdConfig(112, block_m=192)),
                 # head dim 256's default where no mask bounds the keys: persistent, O staged in the V ring
-                (FwdKey("sm90", "bf16", 256), Sm90FwdConfig(80, pingpong=False, persistent=True))]
+                (FwdKey("sm90", "bf16", 256), Sm90FwdConfig(80, pingpong=False, persistent=True)),
+                # head dim 72 in 80's boxes with aligned rows: box columns shifted per KV head
+                (FwdKey("sm90", "bf16", 72, "causal"), Sm90FwdConfig(112, block_m=192, align=True))]
     assert all(sm90_infeasible_reason(k, c) is None for k, c in variants)
     assert sm90_smem_bytes(*variants[0]) == 2 * 128 * (128 + 2 * 2 * 128) + 8 * (2 + 4 * 2)
     compiled = batches.compile_batch(variants)

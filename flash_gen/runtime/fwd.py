@@ -67,8 +67,9 @@ class Sm90FwdParams(ctypes.Structure):
     """Mirror of flash_gen::Sm90FwdParams (templates/include/flash_gen/fwd_sm90_params.cuh): TMA maps of q, k, v,
     o, then the portable kernel's parameters, padded to the maps' 64-byte alignment as the C++ struct is."""
 
-    _fields_ = [(f"tma_{t}", ctypes.c_uint8 * tma.MAP_BYTES) for t in "qkvo"] + [("base", FwdParams)]
-    _fields_.append(("_pad", ctypes.c_uint8 * (-(4 * tma.MAP_BYTES + ctypes.sizeof(FwdParams)) % tma.MAP_ALIGN)))
+    _fields_ = ([(f"tma_{t}", ctypes.c_uint8 * tma.MAP_BYTES) for t in "qkvo"] + [("base", FwdParams)]
+                + [("qk_shift_bits", ctypes.c_int), ("vo_shift_bits", ctypes.c_int)])
+    _fields_.append(("_pad", ctypes.c_uint8 * (-(4 * tma.MAP_BYTES + ctypes.sizeof(FwdParams) + 8) % tma.MAP_ALIGN)))
 
 
 # Byte offsets of the per-call addresses in FwdParams (run_fwd patches them into the shape's template), and of
@@ -398,10 +399,26 @@ def _sm90_params(plan: FwdPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     var = plan.var
     group = q.shape[-2] // k.shape[-2] if var.pack_gqa else 1
     positions, rows = ROWS_PER_CONSUMER // group, var.cfg.block_n // var.cfg.cluster  # a CTA's share of K/V tiles
+
+    def shift_bits(params: Sm90FwdParams) -> None:
+        if var.cfg.align:
+            params.qk_shift_bits, params.vo_shift_bits = _row_shift_bits(k), _row_shift_bits(v)
+
     return tma.params_with_maps(Sm90FwdParams, plan.params or plan.shape.params, plan.maps,
                                 (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()),
                                 (("tma_q", q, positions, group), ("tma_k", k, rows), ("tma_v", v, rows),
-                                 ("tma_o", out, positions, group)), var.box_cols)
+                                 ("tma_o", out, positions, group)), var.box_cols, shift_bits)
+
+
+def _row_shift_bits(t: torch.Tensor) -> int:
+    """Sm90FwdParams.qk_shift_bits / vo_shift_bits of K or V (b, s, h, d): bit 0 when head 0's rows start 16 bytes
+    into a 32-byte sector, bit 1 when the head stride moves the next head's by 16 more; 0 when the sequence or
+    batch stride is not a whole number of sectors (the offset would then change from row to row)."""
+    size = t.element_size()
+    b, s = t.shape[0], t.shape[1]
+    if (s > 1 and t.stride(1) * size % 32) or (b > 1 and t.stride(0) * size % 32):
+        return 0
+    return int(t.data_ptr() % 32 == 16) | int(t.stride(2) * size % 32 == 16) << 1
 
 
 def attention_fwd_kvcache(

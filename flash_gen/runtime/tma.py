@@ -76,7 +76,8 @@ MAPS_PER_SHAPE = 64  # address sets kept per forward plan or backward shape (a t
 
 def params_with_maps(struct: type, base: ctypes.Structure, cache: BoundedMemo, key: tuple,
                      maps: tuple[tuple, ...] | Callable[[], tuple[tuple, ...]],
-                     box_cols: int = BOX_COLS) -> ctypes.Structure:
+                     box_cols: int = BOX_COLS,
+                     fill: Callable[[ctypes.Structure], None] | None = None) -> ctypes.Structure:
     """A Hopper kernel's parameter `struct`: TMA map fields first (`maps`: field, tensor (b, s, h, d) or packed
     (s, h, d), then encode_rows' box rows and, for a 5-D map, group; every box `box_cols` wide), then `base`, the
     shape's template (the same object for every call of a shape; per-call addresses are patched in at launch); a
@@ -84,7 +85,8 @@ def params_with_maps(struct: type, base: ctypes.Structure, cache: BoundedMemo, k
     them, called only when they are encoded (views made for a map then cost nothing on a repeated call). A
     map depends only on the address, shape, strides, dtype and box, so the struct is kept in `cache` (one per
     shape) under `key` (the variant and the addresses): a repeated call (the caching allocator hands out the same
-    blocks step after step) encodes nothing. Callers must not modify it."""
+    blocks step after step) encodes nothing. `fill` sets the struct's other fields that depend only on the same
+    addresses and layouts, once when it is made. Callers must not modify it."""
     params = cache.get(key)
     if params is None:
         params = struct()
@@ -93,5 +95,7 @@ def params_with_maps(struct: type, base: ctypes.Structure, cache: BoundedMemo, k
             encode_rows(params, getattr(struct, field).offset, t if t.dim() == 4 else t[None], box_rows, group,
                         box_cols=cols or box_cols)
         params.base = base
+        if fill is not None:
+            fill(params)
         cache.put(key, params)
     return params

@@ -45,7 +45,8 @@ namespace flash_gen {
 
 template <class Element_, int kHeadDim_, int kConsumers_, int kBlockN_, int kStages_, bool kPingPong_,
           bool kPersistent_, Mask kMask_, bool kSoftcap_, bool kAlibi_, bool kVarlen_, bool kOverlap_,
-          bool kPInSmem_, bool kPackGqa_, int kCluster_, bool kSplit_, bool kKvCache_, bool kOInV_, bool kDropout_>
+          bool kPInSmem_, bool kPackGqa_, int kCluster_, bool kSplit_, bool kKvCache_, bool kOInV_, bool kDropout_,
+          bool kAlign_>
 struct Sm90FwdTraits {
   using Element = Element_;
   // The head dim, a multiple of 16 (the wgmma K step) or rounded up to 64 (flash_gen.spec_sm90.sm90_head_dim): the
@@ -96,6 +97,10 @@ struct Sm90FwdTraits {
   // A TMA box row is one swizzle row: 128 bytes (64 columns) where they divide the head dim, else 64 or 32 bytes,
   // so a head dim of 80 computes 80 columns instead of 128 (flash_gen.spec_sm90.sm90_box_cols).
   static constexpr int kBoxCols = kHeadDim % 64 == 0 ? 64 : (kHeadDim % 32 == 0 ? 32 : 16);
+  // Aligned rows ("_al", Sm90FwdParams::qk_shift_bits): boxes start 8 columns early for KV heads whose rows start
+  // mid-sector, Q and K by K's rows, V and O by V's (dense batches: split partials and packed stores index columns).
+  static constexpr bool kAlign = kAlign_;
+  static_assert(!kAlign || (!kSplit && !kVarlen && !kKvCache));
   static_assert(kHeadDim % 16 == 0, "the S GEMM's K steps: head dim a multiple of 16");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma N and TMA box rows");
 
@@ -323,11 +328,13 @@ __device__ __forceinline__ void fwd_sm90_produce(Sm90FwdParams const& params, ty
     // group x wg_rows are left as they are); idle warpgroups' rows are not loaded.
     const int slab_bytes = int(sizeof(typename T::Element)) * T::kHeadDim * (T::kPackGqa ? group * wg_rows : 64);
     bars.q_full.arrive_expect_tx(slab_bytes * (T::kConsumers - tile.idle_wgs));
+    const int qk_shift = T::kAlign ? sm90_col_shift(params.qk_shift_bits, tile.head_k) : 0;
+    const int vo_shift = T::kAlign ? sm90_col_shift(params.vo_shift_bits, tile.head_k) : 0;
     for (int w = tile.idle_wgs; w < T::kConsumers; ++w) {
       CUTE_UNROLL
       for (int c = 0; c < kBoxes; ++c) {
-        tma_load_5d(params.tma_q, bars.q_full, smem_q + (c * T::kBlockM + 64 * w) * T::kBoxCols, c * T::kBoxCols, 0,
-                    tile.q_start + tile.row0 + wg_rows * w, tile.head, tile.q_batch());
+        tma_load_5d(params.tma_q, bars.q_full, smem_q + (c * T::kBlockM + 64 * w) * T::kBoxCols,
+                    c * T::kBoxCols - qk_shift, 0, tile.q_start + tile.row0 + wg_rows * w, tile.head, tile.q_batch());
       }
     }
     for (int n = tile.n_min; n < tile.n_max; ++n, ++it) {
@@ -347,7 +354,7 @@ __device__ __forceinline__ void fwd_sm90_produce(Sm90FwdParams const& params, ty
       }
       // Key step n of K or V into its stage buffer, once the consumers (of every CTA of the cluster) have released
       // it. In a cluster this CTA loads its share of the rows into every CTA; the full barrier counts all shares.
-      auto load = [&](const TensorMap& map, MBarrier& full, MBarrier& empty, typename T::Element* smem) {
+      auto load = [&](const TensorMap& map, MBarrier& full, MBarrier& empty, typename T::Element* smem, int shift) {
         empty.wait(phase ^ 1);
         full.arrive_expect_tx(T::kKVTileBytes);
         constexpr int kShare = kBlockN / T::kCluster;
@@ -355,18 +362,18 @@ __device__ __forceinline__ void fwd_sm90_produce(Sm90FwdParams const& params, ty
         for (int c = 0; c < kBoxes; ++c) {
           typename T::Element* dst = smem + stage * kBlockN * T::kHeadDim + c * kBlockN * T::kBoxCols;
           if constexpr (T::kCluster == 1) {
-            tma_load_4d(map, full, dst, c * T::kBoxCols, row, tile.head_k, kv_batch);
+            tma_load_4d(map, full, dst, c * T::kBoxCols - shift, row, tile.head_k, kv_batch);
           } else {
-            tma_load_4d_multicast(map, full, dst + cta_rank * kShare * T::kBoxCols, c * T::kBoxCols,
+            tma_load_4d_multicast(map, full, dst + cta_rank * kShare * T::kBoxCols, c * T::kBoxCols - shift,
                                   row + cta_rank * kShare, tile.head_k, kv_batch, (1 << T::kCluster) - 1);
           }
         }
       };
-      load(params.tma_k, bars.k_full[stage], bars.k_empty[stage], smem_k);
+      load(params.tma_k, bars.k_full[stage], bars.k_empty[stage], smem_k, qk_shift);
       if constexpr (T::kOInV) {  // the previous round's O, staged in the V ring, has been read by its stores
         if (n == tile.n_min && round > 0) bars.o_free[(round - 1) & 1].wait(((round - 1) >> 1) & 1);
       }
-      load(params.tma_v, bars.v_full[stage], bars.v_empty[stage], smem_v);
+      load(params.tma_v, bars.v_full[stage], bars.v_empty[stage], smem_v, vo_shift);
     }
   }
 }
@@ -805,10 +812,11 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
       named_barrier_sync(T::kConsumers + 1 + wg, 128);
       if (tidx % 128 == 0) {
         if (wg >= tile.idle_wgs) {
+          const int vo_shift = T::kAlign ? sm90_col_shift(params.vo_shift_bits, tile.head_k) : 0;
           CUTE_UNROLL
           for (int c = 0; c < kD / T::kBoxCols; ++c) {
-            tma_store_5d(params.tma_o, smem_o + c * kBlockM * T::kBoxCols + wg * 64 * T::kBoxCols, c * T::kBoxCols,
-                         0, row0 + wg_rows * wg, tile.head, tile.batch);
+            tma_store_5d(params.tma_o, smem_o + c * kBlockM * T::kBoxCols + wg * 64 * T::kBoxCols,
+                         c * T::kBoxCols - vo_shift, 0, row0 + wg_rows * wg, tile.head, tile.batch);
           }
           bulk_commit_group();
           // Through Q: before the CTA exits. In the V ring: before the producer loads the next tile's V there.
