@@ -213,6 +213,22 @@ def test_the_database_keeps_no_config_slower_than_the_default_on_a_shape(tmp_pat
     assert (entry.config, entry.ms) == (allowed.user_attrs["config"], allowed.value)
 
 
+def test_a_bucket_past_its_deadline_still_measures_one_candidate(tmp_path):
+    """A bucket that starts after its share of the time budget has passed (earlier buckets overran) still runs one
+    trial, so the tune has something to compare with the default; then it stops."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from flash_gen.search.study import finished, search
+
+    fam = space.Family("fwd", "sm80", "bf16", 96, "causal")
+    study = open_study("late", f"sqlite:///{tmp_path / 'tune.sqlite3'}", 0)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        search(study, fam, prepare=lambda f, c: None, measure=lambda cfg: [1.0, 2.0], pool=pool, workers=2,
+               trials=8, deadline=time.monotonic() - 1)
+    assert len(finished(study)) == 1
+
+
 def test_a_bucket_without_finished_trials_is_not_recorded(tmp_path):
     """A bucket whose share of --time-budget ran out after the default's measurement but before any trial (seen
     2026-12-05: head dim 224 causal s>4k) keeps whatever the database had: an entry of the default with 0 trials
