@@ -130,8 +130,8 @@ def dense_split_cases() -> int:
 def hopper_tiling_cases() -> int:
     """Hopper forward tilings the defaults do not use (tests/test_fwd_sm90_gpu.py builds them): persistent
     ping-pong CTAs with pack-GQA (the producer's tile slot), clusters sharing K/V by multicast, persistent and
-    with an odd number of query tiles per head, head dim 80 computed exactly (16-column boxes), and persistent at
-    head dim 256 (O staged in the V ring)."""
+    with an odd number of query tiles per head, head dim 80 computed exactly (16-column boxes), persistent at
+    head dim 256 (O staged in the V ring), and head dim 72 with aligned rows."""
     from flash_gen.runtime.fwd import attention_fwd
     from flash_gen.spec_sm90 import sm90_config_from_name
 
@@ -141,6 +141,8 @@ def hopper_tiling_cases() -> int:
         (torch.bfloat16, 128, "wgm128n128s2p_c2", 3, 300, 517, 4, 2, False, False),
         (torch.bfloat16, 80, "wgm192n96s2p_persist", 3, 777, 555, 16, 16, True, False),
         (torch.bfloat16, 256, "wgm128n80s2p_persist", 3, 777, 555, 16, 4, True, False),  # O in the V ring
+        # aligned rows: odd KV heads' boxes start 8 columns before the row (negative TMA coordinates)
+        (torch.bfloat16, 72, "wgm192n112s2p_al", 2, 300, 517, 8, 4, False, False),
     ]
     for dtype, d, name, b, sq, sk, h, hk, causal, pack in cases:
         q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)

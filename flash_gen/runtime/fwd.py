@@ -399,9 +399,9 @@ def _sm90_params(plan: FwdPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     var = plan.var
     group = q.shape[-2] // k.shape[-2] if var.pack_gqa else 1
     positions, rows = ROWS_PER_CONSUMER // group, var.cfg.block_n // var.cfg.cluster  # a CTA's share of K/V tiles
-
-    def shift_bits(params: Sm90FwdParams) -> None:
-        if var.cfg.align:
+    shift_bits = None
+    if var.cfg.align:
+        def shift_bits(params: Sm90FwdParams) -> None:
             params.qk_shift_bits, params.vo_shift_bits = _row_shift_bits(k), _row_shift_bits(v)
 
     return tma.params_with_maps(Sm90FwdParams, plan.params or plan.shape.params, plan.maps,
