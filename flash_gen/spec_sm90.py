@@ -37,9 +37,10 @@ class Sm90FwdConfig:
     # CTAs per thread-block cluster ("_c2"): neighbouring query tiles of a head, each CTA loading its share of
     # every K/V tile and multicasting it into the others (unmasked dense batches only)
     cluster: int = 1
-    # "_al": shift the columns of a KV head whose rows start 16 bytes into a 32-byte sector by 8 into the computed
-    # head dim's padding (Q and K alike, V and O alike), so every TMA box but the first starts on a sector: at head
-    # dim 72 (144-byte rows, computed in 80's 16-column boxes) each box of an odd head otherwise spans two sectors
+    # "_al": shift Q's and K's columns (by K's rows) and V's (by V's) by 8 into the computed head dim's padding for
+    # KV heads whose rows start 16 bytes into a 32-byte sector, so every box but the first starts on a sector: at
+    # head dim 72 (144-byte rows, computed in 80's 16-column boxes) each box of an odd head otherwise spans two
+    # sectors. O is staged rotated back, so its stores keep column 0
     align: bool = False
 
     @property
@@ -74,7 +75,7 @@ SM90_CONFIG_SPACE = {
     "overlap": (True, False),
     "p_in_smem": (False, True),
     "cluster": (1, 2),
-    "align": (False,),  # "_al" stays out of the search (forced by name) until a GPU run has checked and measured it
+    "align": (False, True),
 }
 
 

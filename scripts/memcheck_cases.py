@@ -141,8 +141,10 @@ def hopper_tiling_cases() -> int:
         (torch.bfloat16, 128, "wgm128n128s2p_c2", 3, 300, 517, 4, 2, False, False),
         (torch.bfloat16, 80, "wgm192n96s2p_persist", 3, 777, 555, 16, 16, True, False),
         (torch.bfloat16, 256, "wgm128n80s2p_persist", 3, 777, 555, 16, 4, True, False),  # O in the V ring
-        # aligned rows: odd KV heads' boxes start 8 columns before the row (negative TMA coordinates)
+        # aligned rows: odd KV heads' boxes start 8 columns before the row (negative TMA coordinates), O staged
+        # rotated back; persistent, so O's buffer is staged again while the previous tile's stores may read it
         (torch.bfloat16, 72, "wgm192n112s2p_al", 2, 300, 517, 8, 4, False, False),
+        (torch.bfloat16, 72, "wgm192n96s4p_al_persist", 2, 777, 555, 16, 16, True, False),
     ]
     for dtype, d, name, b, sq, sk, h, hk, causal, pack in cases:
         q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)

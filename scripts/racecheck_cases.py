@@ -33,6 +33,8 @@ CASES = [  # dtype, head dim, tiling, batch, seqlen_q, seqlen_k, heads, causal, 
     (torch.bfloat16, 128, "wgm128n128s2p_persist", 2, 1100, 900, 40, False, (-1, -1)),
     (torch.bfloat16, 128, "wgm192n80s3_persist", 2, 1100, 1100, 40, True, (-1, -1)),
     (torch.bfloat16, 64, "wgm192n128s4_persist", 2, 1300, 1300, 40, True, (-1, -1)),
+    # head dim 72 with aligned rows: odd heads' O staged rotated back by one 8-column block
+    (torch.bfloat16, 72, "wgm192n96s4p_al_persist", 2, 1100, 1100, 40, True, (-1, -1)),
 ]
 
 

@@ -83,11 +83,11 @@ CASES = [  # dtype, head dim, config, mask, batch, seqlen_q, seqlen_k, nheads, n
     ("bf16", 208, "wgm128n64s2p", "win32_0", 2, 200, 333, 3, 1, "softcap"),
     ("bf16", 72, "wgm128n128s2p_c2_persist", "none", 2, 1000, 700, 6, 3, ""),  # K/V multicast over 144-byte rows
     # aligned rows ("_al"): an even number of KV heads of 144-byte rows (216: 432), so every odd KV head's rows start
-    # 16 bytes into a sector and its Q, K, V and O boxes shift 8 columns into the padding: GQA, MHA persistent, a
-    # cluster's multicast, pack-GQA, a window
+    # 16 bytes into a sector and its Q, K and V boxes shift 8 columns into the padding (O staged rotated back): GQA,
+    # MHA persistent, a cluster's multicast, pack-GQA, a window
     ("bf16", 72, "wgm192n112s2p_al", "none", 2, 300, 517, 8, 4, ""),
     ("bf16", 72, "wgm192n112s2p_al_persist", "causal", 3, 777, 555, 16, 16, "rising"),
-    ("fp16", 72, "wgm128n128s2p_al_c2_persist", "none", 2, 1000, 700, 6, 2, ""),
+    ("fp16", 72, "wgm192n112s2p_al_c2_persist", "none", 2, 1000, 700, 6, 2, ""),
     ("bf16", 72, "wgm192n112s2p_al", "causal", 2, 100, 333, 16, 2, "pack"),
     ("bf16", 216, "wgm128n64s2p_al", "win32_0", 2, 200, 333, 4, 2, "softcap"),
     # the tuner's picks of 2026-12-05 for head dims 80, 160 and 224 (flash_gen/tuned/sm90.json)
@@ -95,6 +95,10 @@ CASES = [  # dtype, head dim, config, mask, batch, seqlen_q, seqlen_k, nheads, n
     ("bf16", 224, "wgm128n96s2_persist", "none", 2, 700, 517, 8, 2, ""),
     ("bf16", 224, "wgm128n64s3p", "causal", 2, 300, 517, 4, 2, "rising"),
     ("bf16", 80, "wgm192n96s4p_persist", "causal", 2, 1000, 700, 8, 2, ""),
+    # and for head dim 72 with aligned rows (4 KV heads: the odd ones shifted)
+    ("bf16", 72, "wgm192n96s4p_al", "none", 2, 1000, 700, 8, 4, ""),
+    ("bf16", 72, "wgm192n96s3p_al_persist", "causal", 2, 1000, 1300, 16, 4, ""),
+    ("fp16", 72, "wgm192n96s4p_al_persist", "none", 3, 777, 555, 12, 4, "rising"),
     # scores that grow along the keys: row maxima rise past the lazy-max slack mid-row, so O is rescaled late
     ("bf16", 128, "wgm128n128s2", "none", 2, 300, 1500, 4, 2, "rising"),
     ("fp16", 64, "wgm192n128s2p", "causal", 1, 700, 700, 2, 2, "rising"),

@@ -97,8 +97,10 @@ struct Sm90FwdTraits {
   // A TMA box row is one swizzle row: 128 bytes (64 columns) where they divide the head dim, else 64 or 32 bytes,
   // so a head dim of 80 computes 80 columns instead of 128 (flash_gen.spec_sm90.sm90_box_cols).
   static constexpr int kBoxCols = kHeadDim % 64 == 0 ? 64 : (kHeadDim % 32 == 0 ? 32 : 16);
-  // Aligned rows ("_al", Sm90FwdParams::qk_shift_bits): boxes start 8 columns early for KV heads whose rows start
-  // mid-sector, Q and K by K's rows, V and O by V's (dense batches: split partials and packed stores index columns).
+  // Aligned rows ("_al", Sm90FwdParams::qk_shift_bits): Q's and K's boxes start 8 columns early for KV heads whose K
+  // rows start mid-sector, V's for those whose V rows do (dense batches: split partials and packed stores index
+  // columns). O's boxes keep column 0 (a TMA store at a negative column raises an illegal instruction): its shifted
+  // columns are staged rotated back instead.
   static constexpr bool kAlign = kAlign_;
   static_assert(!kAlign || (!kSplit && !kVarlen && !kKvCache));
   static_assert(kHeadDim % 16 == 0, "the S GEMM's K steps: head dim a multiple of 16");
@@ -329,7 +331,7 @@ __device__ __forceinline__ void fwd_sm90_produce(Sm90FwdParams const& params, ty
     const int slab_bytes = int(sizeof(typename T::Element)) * T::kHeadDim * (T::kPackGqa ? group * wg_rows : 64);
     bars.q_full.arrive_expect_tx(slab_bytes * (T::kConsumers - tile.idle_wgs));
     const int qk_shift = T::kAlign ? sm90_col_shift(params.qk_shift_bits, tile.head_k) : 0;
-    const int vo_shift = T::kAlign ? sm90_col_shift(params.vo_shift_bits, tile.head_k) : 0;
+    const int v_shift = T::kAlign ? sm90_col_shift(params.v_shift_bits, tile.head_k) : 0;
     for (int w = tile.idle_wgs; w < T::kConsumers; ++w) {
       CUTE_UNROLL
       for (int c = 0; c < kBoxes; ++c) {
@@ -373,7 +375,7 @@ __device__ __forceinline__ void fwd_sm90_produce(Sm90FwdParams const& params, ty
       if constexpr (T::kOInV) {  // the previous round's O, staged in the V ring, has been read by its stores
         if (n == tile.n_min && round > 0) bars.o_free[(round - 1) & 1].wait(((round - 1) >> 1) & 1);
       }
-      load(params.tma_v, bars.v_full[stage], bars.v_empty[stage], smem_v, vo_shift);
+      load(params.tma_v, bars.v_full[stage], bars.v_empty[stage], smem_v, v_shift);
     }
   }
 }
@@ -792,9 +794,24 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
     // In the V ring, every warpgroup's P V GEMMs must have read it (and all of the tile's V loads landed: each
     // warpgroup waited for every step's V).
     if constexpr (T::kOInV) named_barrier_sync(T::kConsumersBarrierId, T::kConsumerThreads);
-    auto o_store = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_o);  // stmatrix
-    auto thr_o_store = o_store.get_thread_slice(tidx);
-    copy(o_store, thr_o_store.retile_S(o_out), thr_o_store.partition_D(sO));
+    if constexpr (T::kAlign) {
+      // V's columns started 8 early for this KV head, so O's come out 8 late: stage them rotated back by one
+      // 8-column block (the first, V's zero padding, into the last, past the tensor's head dim: not stored). One
+      // stmatrix per block: lanes 0-15 address the warp's 16 rows, each thread gives its two rows' column pair.
+      const int lane = tidx % 32, back = sm90_col_shift(params.v_shift_bits, tile.head_k) / 8;
+      const int row = get<0>(tOcO_rc(0, 0)) - lane / 4 + lane % 16;
+      Tensor o_pairs = recast<uint32_t>(o_out);  // (row r, block j) at r + 2 j
+      CUTE_UNROLL
+      for (int j = 0; j < kD / 8; ++j) {
+        const int to = j >= back ? j - back : j - back + kD / 8;
+        uint128_t& dst = *reinterpret_cast<uint128_t*>(&sO(row, 8 * to));
+        SM90_U32x2_STSM_N::copy(o_pairs(2 * j), o_pairs(2 * j + 1), dst);
+      }
+    } else {
+      auto o_store = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_o);  // stmatrix
+      auto thr_o_store = o_store.get_thread_slice(tidx);
+      copy(o_store, thr_o_store.retile_S(o_out), thr_o_store.partition_D(sO));
+    }
     if constexpr (T::kVarlen) {
       // A TMA box of 64 rows would also write the neighbouring entries' rows. Consecutive threads take
       // consecutive 16-byte chunks of a row (coalesced); chunks past the tensor's own head dim are padding.
@@ -812,11 +829,10 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
       named_barrier_sync(T::kConsumers + 1 + wg, 128);
       if (tidx % 128 == 0) {
         if (wg >= tile.idle_wgs) {
-          const int vo_shift = T::kAlign ? sm90_col_shift(params.vo_shift_bits, tile.head_k) : 0;
           CUTE_UNROLL
           for (int c = 0; c < kD / T::kBoxCols; ++c) {
             tma_store_5d(params.tma_o, smem_o + c * kBlockM * T::kBoxCols + wg * 64 * T::kBoxCols,
-                         c * T::kBoxCols - vo_shift, 0, row0 + wg_rows * wg, tile.head, tile.batch);
+                         c * T::kBoxCols, 0, row0 + wg_rows * wg, tile.head, tile.batch);
           }
           bulk_commit_group();
           // Through Q: before the CTA exits. In the V ring: before the producer loads the next tile's V there.

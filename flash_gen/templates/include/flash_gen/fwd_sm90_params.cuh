@@ -15,15 +15,15 @@ struct alignas(64) TensorMap {
 struct Sm90FwdParams {
   TensorMap tma_q, tma_k, tma_v, tma_o;
   FwdParams base;
-  // Aligned-rows kernels (kAlign): whether KV head h's rows of K (shift Q and K) and of V (shift V and O) start 16
-  // bytes into a 32-byte sector, as bit 0 ^ (bit 1 & h) (bit 0: head 0; bit 1: the head stride is an odd number of
-  // 16-byte chunks); 0 where the sequence or batch stride would make it vary by row (sm90_col_shift).
-  int qk_shift_bits, vo_shift_bits;
+  // Aligned-rows kernels (kAlign): whether KV head h's rows of K (shift Q and K) and of V (shift V, and O back)
+  // start 16 bytes into a 32-byte sector, as bit 0 ^ (bit 1 & h) (bit 0: head 0; bit 1: the head stride is an odd
+  // number of 16-byte chunks); 0 where the sequence or batch stride would make it vary by row (sm90_col_shift).
+  int qk_shift_bits, v_shift_bits;
 };
 
 // Columns to shift KV head `head`'s boxes by: 8 (16 bytes) where its rows start mid-sector, so the boxes after the
-// first start on a sector. Any shift is correct when Q and K (and V and O) share it: it moves columns into the
-// computed head dim's zero padding.
+// first start on a sector. Any shift is correct when Q and K share it, and when O's columns are moved back by V's:
+// it moves columns into the computed head dim's zero padding.
 __device__ __forceinline__ int sm90_col_shift(int bits, int head) { return ((bits ^ ((bits >> 1) & head)) & 1) * 8; }
 
 }  // namespace flash_gen
