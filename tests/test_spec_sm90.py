@@ -204,6 +204,8 @@ def test_renders_and_compiles_without_spills_on_wgmma(tmp_path, monkeypatch):
     for c in compiled:
         body = sections[c.entry]
         assert (".multicast::cluster" in body) == (".reqnctapercluster 2, 1, 1" in body) == (c.cfg.cluster == 2)
+        # aligned rows stage O in 8-column stmatrix blocks (rotated back per KV head), the others in 16-column ones
+        assert ("stmatrix.sync.aligned.x2." in body) == c.cfg.align, c.entry
 
 
 def test_pack_gqa_pays_where_few_query_positions_leave_tiles_empty():
