@@ -229,6 +229,29 @@ def test_a_bucket_past_its_deadline_still_measures_one_candidate(tmp_path):
     assert len(finished(study)) == 1
 
 
+def test_candidates_compiled_at_once_are_not_measured_past_the_deadline(tmp_path):
+    """Precompiled candidates are all submitted at once; once the deadline has passed, those not yet measured are
+    dropped rather than measured one after another (which ran a bucket past its share of the time budget)."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from flash_gen.search.study import finished, search
+
+    fam = space.Family("fwd", "sm80", "bf16", 96, "causal")
+    study = open_study("overrun", f"sqlite:///{tmp_path / 'tune.sqlite3'}", 0)
+
+    def slow(cfg) -> list[float]:
+        time.sleep(0.3)
+        return [1.0, 2.0]
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        search(study, fam, prepare=lambda f, c: None, measure=slow, pool=pool, workers=8, trials=8,
+               deadline=time.monotonic() + 0.5)
+    measured = [t for t in finished(study) if "shape_ms" in t.user_attrs]
+    assert 1 <= len(measured) <= 3  # about 0.5 s of 0.3 s measurements, not all 8
+    assert any(t.user_attrs.get("rejected", "").startswith("not measured") for t in study.get_trials())
+
+
 def test_a_bucket_without_finished_trials_is_not_recorded(tmp_path):
     """A bucket whose share of --time-budget ran out after the default's measurement but before any trial (seen
     2026-12-05: head dim 224 causal s>4k) keeps whatever the database had: an entry of the default with 0 trials

@@ -106,12 +106,15 @@ def search(
     on_trial: Callable[[optuna.trial.FrozenTrial | None], None] = lambda t: None,
 ) -> None:
     """Run trials until the study holds `trials` completed ones or the deadline passes. Infeasible points are
-    told PRUNED at once; compiled candidates are measured as their compiles finish. One candidate is submitted
-    even past the deadline: a bucket whose share of a time budget the earlier buckets' last trials (and its own
-    default's measurement) used up would otherwise record nothing (head dim 224 causal s>4k, 2026-12-05)."""
+    told PRUNED at once; compiled candidates are measured as their compiles finish, unless the deadline has passed
+    by then (told PRUNED too): precompiled candidates are all submitted at once, and measuring every one of them
+    used to run a bucket far past its share, leaving the next bucket one trial (2026-12-05). One candidate is
+    submitted and measured even past the deadline: a bucket whose share of a time budget the earlier buckets' last
+    trials (and its own default's measurement) used up would otherwise record nothing (head dim 224 causal s>4k,
+    2026-12-05)."""
     seen = measured(study)
     in_flight: dict[Future, tuple[optuna.trial.Trial, object]] = {}
-    submitted = 0
+    submitted = measured_here = 0
 
     def budget_left() -> bool:
         done = len(finished(study)) + len(in_flight)
@@ -143,7 +146,12 @@ def search(
             trial, cfg = in_flight.pop(fut)
             outcome = fut.result()
             if outcome is None:
+                if measured_here and deadline is not None and time.monotonic() >= deadline:
+                    trial.set_user_attr("rejected", "not measured: past the time budget")
+                    study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                    continue
                 outcome = measure(cfg)
+                measured_here += 1
             if isinstance(outcome, Rejected):
                 trial.set_user_attr("rejected", outcome.reason)
                 frozen = study.tell(trial, state=optuna.trial.TrialState.FAIL)
