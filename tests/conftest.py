@@ -1,7 +1,10 @@
-"""Skip `gpu`-marked tests when no CUDA device is visible, so the suite runs cleanly on CPU machines."""
+"""Skip `gpu`-marked tests when no CUDA device is visible, so the suite runs cleanly on CPU machines; on a GPU,
+report the tests a sticky CUDA error left unrunnable as such (cuda_poison.py)."""
 
 import pytest
 import torch
+
+pytest_plugins = ["cuda_poison"]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
