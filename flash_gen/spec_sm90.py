@@ -37,18 +37,17 @@ class Sm90FwdConfig:
     # CTAs per thread-block cluster ("_c2"): neighbouring query tiles of a head, each CTA loading its share of
     # every K/V tile and multicasting it into the others (unmasked dense batches only)
     cluster: int = 1
-    # "_al" (1 or True): shift Q's and K's columns (by K's rows) and V's (by V's) by 8 into the computed head dim's
-    # padding for KV heads whose rows start 16 bytes into a 32-byte sector, so every box but the first starts on a
-    # sector: at head dim 72 (144-byte rows, computed in 80's 16-column boxes) each box of an odd head otherwise
-    # spans two sectors. O is staged rotated back, so its stores keep column 0. "_alo" (2): O's rows aligned too,
-    # by the query head's parity: its boxes start 8 columns late and its first 8 columns go out as 16-byte stores
-    align: int = 0
+    # "_al": shift Q's and K's columns (by K's rows) and V's (by V's) by 8 into the computed head dim's padding for
+    # KV heads whose rows start 16 bytes into a 32-byte sector, so every box but the first starts on a sector: at
+    # head dim 72 (144-byte rows, computed in 80's 16-column boxes) each box of an odd head otherwise spans two
+    # sectors. O is staged rotated back, so its stores keep column 0
+    align: bool = False
 
     @property
     def name(self) -> str:
         return (f"wgm{self.block_m}n{self.block_n}s{self.stages}" + ("p" if self.pingpong else "")
                 + ("" if self.overlap else "_serial") + ("_ss" if self.p_in_smem else "")
-                + ("_alo" if self.align == 2 else "_al" if self.align else "")
+                + ("_al" if self.align else "")
                 + (f"_c{self.cluster}" if self.cluster > 1 else "") + ("_persist" if self.persistent else ""))
 
     @property
@@ -76,7 +75,7 @@ SM90_CONFIG_SPACE = {
     "overlap": (True, False),
     "p_in_smem": (False, True),
     "cluster": (1, 2),
-    "align": (False, True),  # "_alo" (2) is forced by name only until a GPU run has checked and measured it
+    "align": (False, True),
 }
 
 
@@ -127,11 +126,11 @@ def needs_extended_wgmma(key: FwdKey, cfg: Sm90FwdConfig) -> bool:
 
 def sm90_config_from_name(name: str) -> Sm90FwdConfig | None:
     """Inverse of Sm90FwdConfig.name ("wgm128n128s2p"), or None for a name of another kernel family."""
-    m = re.fullmatch(r"wgm(\d+)n(\d+)s(\d+)(p?)(_serial)?(_ss)?(_alo?)?(?:_c(\d+))?(_persist)?", name)
+    m = re.fullmatch(r"wgm(\d+)n(\d+)s(\d+)(p?)(_serial)?(_ss)?(_al)?(?:_c(\d+))?(_persist)?", name)
     if m is None:
         return None
     return Sm90FwdConfig(int(m[2]), int(m[3]), bool(m[4]), int(m[1]), bool(m[9]), not m[5], bool(m[6]),
-                         int(m[8] or 1), {None: 0, "_al": 1, "_alo": 2}[m[7]])
+                         int(m[8] or 1), bool(m[7]))
 
 
 def _smem_limit(key: FwdKey, cfg: Sm90FwdConfig) -> int:
@@ -200,8 +199,6 @@ def sm90_infeasible_reason(key: FwdKey, cfg: Sm90FwdConfig) -> str | None:
         return "aligned rows shift the columns of dense batches only (split partials and packed stores index them)"
     if cfg.align and sm90_head_dim(key) - key.head_dim < 8:
         return f"aligned rows need 8 padding columns: head dim {key.head_dim} computes as {sm90_head_dim(key)}"
-    if cfg.align == 2 and key.pack_gqa:
-        return "O's aligned rows follow the query head: a pack-GQA box spans heads of both parities"
     regs = (cfg.block_n // 2 + cfg.block_n // 4 + sm90_head_dim(key) // 2)  # 64 rows over 128 threads: S, P, O
     budget = CONSUMER_REGISTERS[cfg.consumers] - ADDRESSING_REGISTERS
     if regs > budget:

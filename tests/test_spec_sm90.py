@@ -26,8 +26,7 @@ def test_config_names_round_trip_and_other_names_are_not_sm90():
     for cfg in (Sm90FwdConfig(), Sm90FwdConfig(176, 2), Sm90FwdConfig(64, 3, pingpong=False, block_m=192),
                 Sm90FwdConfig(128, 2, persistent=True), Sm90FwdConfig(64, 2, p_in_smem=True, cluster=2),
                 Sm90FwdConfig(176, 3, overlap=False, cluster=2, persistent=True),
-                Sm90FwdConfig(112, 2, block_m=192, p_in_smem=True, align=True, cluster=2, persistent=True),
-                Sm90FwdConfig(96, 4, block_m=192, align=2, persistent=True)):
+                Sm90FwdConfig(112, 2, block_m=192, p_in_smem=True, align=True, cluster=2, persistent=True)):
         assert sm90_config_from_name(cfg.name) == cfg
     assert sm90_config_from_name("m128n64w4s2") is None
 
@@ -53,7 +52,6 @@ def test_config_names_round_trip_and_other_names_are_not_sm90():
     (FwdKey("sm90", "bf16", 128), Sm90FwdConfig(align=True), "8 padding columns"),
     (FwdKey("sm90", "bf16", 72, varlen=True), Sm90FwdConfig(112, block_m=192, align=True), "dense batches only"),
     (FwdKey("sm90", "bf16", 72, split=True), Sm90FwdConfig(112, block_m=192, align=True), "dense batches only"),
-    (FwdKey("sm90", "bf16", 72, pack_gqa=True), Sm90FwdConfig(112, block_m=192, align=2), "both parities"),
 ])
 def test_infeasible_reason_explains_rejections(key, cfg, reason):
     why = sm90_infeasible_reason(key, cfg)
@@ -181,9 +179,8 @@ def test_renders_and_compiles_without_spills_on_wgmma(tmp_path, monkeypatch):
                 (FwdKey("sm90", "bf16", 80, "causal"), Sm90FwdConfig(112, block_m=192)),
                 # head dim 256's default where no mask bounds the keys: persistent, O staged in the V ring
                 (FwdKey("sm90", "bf16", 256), Sm90FwdConfig(80, pingpong=False, persistent=True)),
-                # head dim 72 in 80's boxes with aligned rows: box columns shifted per KV head (and O's per head)
-                (FwdKey("sm90", "bf16", 72, "causal"), Sm90FwdConfig(112, block_m=192, align=True)),
-                (FwdKey("sm90", "bf16", 72), Sm90FwdConfig(96, 4, block_m=192, align=2, persistent=True))]
+                # head dim 72 in 80's boxes with aligned rows: box columns shifted per KV head
+                (FwdKey("sm90", "bf16", 72, "causal"), Sm90FwdConfig(112, block_m=192, align=True))]
     assert all(sm90_infeasible_reason(k, c) is None for k, c in variants)
     assert sm90_smem_bytes(*variants[0]) == 2 * 128 * (128 + 2 * 2 * 128) + 8 * (2 + 4 * 2)
     compiled = batches.compile_batch(variants)
@@ -208,7 +205,7 @@ def test_renders_and_compiles_without_spills_on_wgmma(tmp_path, monkeypatch):
         body = sections[c.entry]
         assert (".multicast::cluster" in body) == (".reqnctapercluster 2, 1, 1" in body) == (c.cfg.cluster == 2)
         # aligned rows stage O in 8-column stmatrix blocks (rotated back per KV head), the others in 16-column ones
-        assert ("stmatrix.sync.aligned.x2." in body) == bool(c.cfg.align), c.entry
+        assert ("stmatrix.sync.aligned.x2." in body) == c.cfg.align, c.entry
 
 
 def test_pack_gqa_pays_where_few_query_positions_leave_tiles_empty():

@@ -68,8 +68,8 @@ class Sm90FwdParams(ctypes.Structure):
     o, then the portable kernel's parameters, padded to the maps' 64-byte alignment as the C++ struct is."""
 
     _fields_ = ([(f"tma_{t}", ctypes.c_uint8 * tma.MAP_BYTES) for t in "qkvo"] + [("base", FwdParams)]
-                + [(f"{t}_shift_bits", ctypes.c_int) for t in ("qk", "v", "o")])
-    _fields_.append(("_pad", ctypes.c_uint8 * (-(4 * tma.MAP_BYTES + ctypes.sizeof(FwdParams) + 12) % tma.MAP_ALIGN)))
+                + [("qk_shift_bits", ctypes.c_int), ("v_shift_bits", ctypes.c_int)])
+    _fields_.append(("_pad", ctypes.c_uint8 * (-(4 * tma.MAP_BYTES + ctypes.sizeof(FwdParams) + 8) % tma.MAP_ALIGN)))
 
 
 # Byte offsets of the per-call addresses in FwdParams (run_fwd patches them into the shape's template), and of
@@ -403,7 +403,6 @@ def _sm90_params(plan: FwdPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     if var.cfg.align:
         def shift_bits(params: Sm90FwdParams) -> None:
             params.qk_shift_bits, params.v_shift_bits = _row_shift_bits(k), _row_shift_bits(v)
-            params.o_shift_bits = _row_shift_bits(out) if var.cfg.align == 2 else 0
 
     return tma.params_with_maps(Sm90FwdParams, plan.params or plan.shape.params, plan.maps,
                                 (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()),
@@ -412,9 +411,9 @@ def _sm90_params(plan: FwdPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 
 
 def _row_shift_bits(t: torch.Tensor) -> int:
-    """Sm90FwdParams.qk_shift_bits / v_shift_bits / o_shift_bits of K, V or O (b, s, h, d): bit 0 when head 0's
-    rows start 16 bytes into a 32-byte sector, bit 1 when the head stride moves the next head's by 16 more; 0 when
-    the sequence or batch stride is not a whole number of sectors (the offset would then change from row to row)."""
+    """Sm90FwdParams.qk_shift_bits / v_shift_bits of K or V (b, s, h, d): bit 0 when head 0's rows start 16 bytes
+    into a 32-byte sector, bit 1 when the head stride moves the next head's by 16 more; 0 when the sequence or batch
+    stride is not a whole number of sectors (the offset would then change from row to row)."""
     size = t.element_size()
     b, s = t.shape[0], t.shape[1]
     if (s > 1 and t.stride(1) * size % 32) or (b > 1 and t.stride(0) * size % 32):

@@ -46,7 +46,7 @@ namespace flash_gen {
 template <class Element_, int kHeadDim_, int kConsumers_, int kBlockN_, int kStages_, bool kPingPong_,
           bool kPersistent_, Mask kMask_, bool kSoftcap_, bool kAlibi_, bool kVarlen_, bool kOverlap_,
           bool kPInSmem_, bool kPackGqa_, int kCluster_, bool kSplit_, bool kKvCache_, bool kOInV_, bool kDropout_,
-          int kAlign_>
+          bool kAlign_>
 struct Sm90FwdTraits {
   using Element = Element_;
   // The head dim, a multiple of 16 (the wgmma K step) or rounded up to 64 (flash_gen.spec_sm90.sm90_head_dim): the
@@ -100,10 +100,8 @@ struct Sm90FwdTraits {
   // Aligned rows ("_al", Sm90FwdParams::qk_shift_bits): Q's and K's boxes start 8 columns early for KV heads whose K
   // rows start mid-sector, V's for those whose V rows do (dense batches: split partials and packed stores index
   // columns). O's boxes keep column 0 (a TMA store at a negative column raises an illegal instruction): its shifted
-  // columns are staged rotated back instead. kAlign 2 ("_alo") aligns O's rows too, by the query head's parity:
-  // its boxes start 8 columns late and its first 8 columns go out as 16-byte stores.
-  static constexpr int kAlign = kAlign_;
-  static_assert(kAlign < 2 || !kPackGqa, "O's parity follows the query head: one per tile");
+  // columns are staged rotated back instead.
+  static constexpr bool kAlign = kAlign_;
   static_assert(!kAlign || (!kSplit && !kVarlen && !kKvCache));
   static_assert(kHeadDim % 16 == 0, "the S GEMM's K steps: head dim a multiple of 16");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma N and TMA box rows");
@@ -798,18 +796,14 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
     if constexpr (T::kOInV) named_barrier_sync(T::kConsumersBarrierId, T::kConsumerThreads);
     if constexpr (T::kAlign) {
       // V's columns started 8 early for this KV head, so O's come out 8 late: stage them rotated back by one
-      // 8-column block (the first, V's zero padding, into the last, past the tensor's head dim: not stored). With
-      // O's rows aligned ("_alo"), a head whose O rows start mid-sector takes one block more: columns 8 on from
-      // block 0 (stored in boxes 8 columns late), columns 0-7 in the last block (stored by this warpgroup's
-      // threads). One stmatrix per block: lanes 0-15 address the warp's 16 rows, each thread gives its two rows'
-      // column pair.
-      const int lane = tidx % 32, back = (sm90_col_shift(params.v_shift_bits, tile.head_k) +
-                                          (T::kAlign == 2 ? sm90_col_shift(params.o_shift_bits, tile.head) : 0)) / 8;
+      // 8-column block (the first, V's zero padding, into the last, past the tensor's head dim: not stored). One
+      // stmatrix per block: lanes 0-15 address the warp's 16 rows, each thread gives its two rows' column pair.
+      const int lane = tidx % 32, back = sm90_col_shift(params.v_shift_bits, tile.head_k) / 8;
       const int row = get<0>(tOcO_rc(0, 0)) - lane / 4 + lane % 16;
       Tensor o_pairs = recast<uint32_t>(o_out);  // (row r, block j) at r + 2 j
       CUTE_UNROLL
       for (int j = 0; j < kD / 8; ++j) {
-        const int to = j >= back ? j - back : j - back + kD / 8;  // back <= 2 <= kD / 8
+        const int to = j >= back ? j - back : j - back + kD / 8;
         uint128_t& dst = *reinterpret_cast<uint128_t*>(&sO(row, 8 * to));
         SM90_U32x2_STSM_N::copy(o_pairs(2 * j), o_pairs(2 * j + 1), dst);
       }
@@ -833,23 +827,12 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
     } else {
       fence_smem_for_async_proxy();  // the generic-proxy stores above, before TMA reads them
       named_barrier_sync(T::kConsumers + 1 + wg, 128);
-      // "_alo": 8 for a head whose O rows start mid-sector (no store box may start at column -8)
-      const int o_late = T::kAlign == 2 ? sm90_col_shift(params.o_shift_bits, tile.head) : 0;
-      if constexpr (T::kAlign == 2) {
-        const int r = tidx % 128, row = row0 + wg_rows * wg + r;  // not packed: the warpgroup's rows are positions
-        if (o_late != 0 && wg >= tile.idle_wgs && r < 64 && row >= 0 && row < tile.seqlen_q) {
-          Element* o_row = static_cast<Element*>(p.o) + tile.batch * p.o_batch_stride + row * p.o_row_stride +
-                           tile.head * p.o_head_stride;
-          *reinterpret_cast<uint4*>(o_row) = *reinterpret_cast<const uint4*>(&sO(64 * wg + r, kD - 8));
-        }
-      }
       if (tidx % 128 == 0) {
         if (wg >= tile.idle_wgs) {
           CUTE_UNROLL
           for (int c = 0; c < kD / T::kBoxCols; ++c) {
-            if (T::kAlign == 2 && c * T::kBoxCols + o_late >= p.head_dim) break;  // all past the tensor's columns
             tma_store_5d(params.tma_o, smem_o + c * kBlockM * T::kBoxCols + wg * 64 * T::kBoxCols,
-                         c * T::kBoxCols + o_late, 0, row0 + wg_rows * wg, tile.head, tile.batch);
+                         c * T::kBoxCols, 0, row0 + wg_rows * wg, tile.head, tile.batch);
           }
           bulk_commit_group();
           // Through Q: before the CTA exits. In the V ring: before the producer loads the next tile's V there.

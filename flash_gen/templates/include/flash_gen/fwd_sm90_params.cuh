@@ -18,8 +18,7 @@ struct Sm90FwdParams {
   // Aligned-rows kernels (kAlign): whether KV head h's rows of K (shift Q and K) and of V (shift V, and O back)
   // start 16 bytes into a 32-byte sector, as bit 0 ^ (bit 1 & h) (bit 0: head 0; bit 1: the head stride is an odd
   // number of 16-byte chunks); 0 where the sequence or batch stride would make it vary by row (sm90_col_shift).
-  // o_shift_bits: the same of O over query heads (kAlign 2 only).
-  int qk_shift_bits, v_shift_bits, o_shift_bits;
+  int qk_shift_bits, v_shift_bits;
 };
 
 // Columns to shift KV head `head`'s boxes by: 8 (16 bytes) where its rows start mid-sector, so the boxes after the
