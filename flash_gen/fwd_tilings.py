@@ -32,7 +32,8 @@ def default_configs(key: FwdKey) -> tuple[FwdTiling, ...]:
     # 64 three consumer warpgroups (192 rows, 128 registers each) spill 8-28 B where two (168 each) do not; at 256 and
     # packed, 64-key steps spill 8-24 B where 48-key steps do not (KV caches: 32, as key tiles must divide 128; the
     # causal split pack-GQA cache key spills 8 B at 64 and none at 32).
-    lighter = [dataclasses.replace(hopper, persistent=False)] if hopper.persistent else []
+    lighter = [dataclasses.replace(hopper, align=False)] if hopper.align else []  # shifts cost registers
+    lighter += [dataclasses.replace(hopper, persistent=False)] if hopper.persistent else []
     lighter += [dataclasses.replace(hopper, block_m=128)] if hopper.block_m == 192 else []
     lighter += [dataclasses.replace(hopper, block_n=48 if key.kv == "dense" else 32)] if hopper.block_n == 64 else []
     if key.dropout and hopper.block_n > 64:  # the draws' registers: at head dim 128 causal both 128-key forms spill
@@ -50,9 +51,13 @@ def portable_config(key: FwdKey) -> FwdConfig:
 
 
 def measured_defaults(key: FwdKey) -> tuple[FwdTiling, ...]:
-    """The defaults a tuned entry of `key` may be measured against: the chain's head, and for a KV cache read tile
-    by tile also the portable kernel's, which decoding steps run (the tuner's decode family)."""
+    """The defaults a tuned entry of `key` may be measured against: the chain's head (with its unaligned form where
+    the head has aligned rows: head dim 72's entries were tuned against that, with the aligned one a candidate), and
+    for a KV cache read tile by tile also the portable kernel's, which decoding steps run (the tuner's decode
+    family)."""
     head = default_config(key)
+    if isinstance(head, Sm90FwdConfig) and head.align:
+        return head, dataclasses.replace(head, align=False)
     return (head, portable_config(key)) if key.kv == "cache" and portable_config(key) != head else (head,)
 
 

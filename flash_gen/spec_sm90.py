@@ -210,6 +210,17 @@ def sm90_infeasible_reason(key: FwdKey, cfg: Sm90FwdConfig) -> str | None:
     return None
 
 
+def aligned_if_misaligned(key: FwdKey, cfg: Sm90FwdConfig) -> Sm90FwdConfig:
+    """`cfg` with aligned rows ("_al") where `key`'s odd heads start mid-sector (head dims 8 mod 16: 2-byte rows of
+    16 bytes past a multiple of 32) and the key can take them, else `cfg`. The same tiling aligned ran 1.00-1.05x
+    itself unaligned at head dims 56 and 120 (H100, 2026-12-05, docs/benchmarks.md "Aligned rows at other head
+    dims") and 1.11-1.30x at 72."""
+    if cfg.align or key.head_dim % 16 != 8:
+        return cfg
+    aligned = replace(cfg, align=True)
+    return aligned if sm90_infeasible_reason(key, aligned) is None else cfg
+
+
 def _packed_192_rows(key: FwdKey, head_dim: int) -> bool:
     """Where a packed batch's forward measured faster with 192 x 80 tiles (the keys it was measured on)."""
     return (key.varlen and key.kv == "dense" and not key.split and head_dim == 128 and key.mask in ("none", "causal")
@@ -229,7 +240,7 @@ def default_sm90_config(key: FwdKey) -> Sm90FwdConfig | None:
     warpgroups of head dim 64. Head dim 80 (computed exactly) takes head dim 64's with 112-key steps, which fit its
     registers: 1.03x and 1.11x the 128-row persistent tiling at 2k and 4k non-causal, 0.90x at 1k, where the tuning database picks
     other tilings (H200, 2026-12-01 22:54 UTC, docs/benchmarks.md "Exact head dims"). Other computed head dims take
-    the tiling of the next multiple of 64 (96: 128's).
+    the tiling of the next multiple of 64 (96: 128's); head dims 8 mod 16 its aligned form (aligned_if_misaligned).
     Packed (varlen) batches and split-KV and KV caches take the same tiling with one CTA per tile (KV caches with
     key steps that divide 128), except packed batches at head dim 128 without softcap or ALiBi, none or
     causal: 192 x 80 tiles in three stages, forward 1.05x / 1.04x the 128 x 128 tiling (H200, 2026-12-03 20:50 UTC,
@@ -251,4 +262,4 @@ def default_sm90_config(key: FwdKey) -> Sm90FwdConfig | None:
         cfg = Sm90FwdConfig(80, 3, pingpong=False, block_m=192)
     if key.kv == "cache" and 128 % cfg.block_n:
         cfg = replace(cfg, block_n=64)  # a key tile lies in one page (pages of a multiple of 128 rows)
-    return cfg if sm90_infeasible_reason(key, cfg) is None else None
+    return aligned_if_misaligned(key, cfg) if sm90_infeasible_reason(key, cfg) is None else None

@@ -90,6 +90,12 @@ CASES = [  # dtype, head dim, config, mask, batch, seqlen_q, seqlen_k, nheads, n
     ("fp16", 72, "wgm192n112s2p_al_c2_persist", "none", 2, 1000, 700, 6, 2, ""),
     ("bf16", 72, "wgm192n112s2p_al", "causal", 2, 100, 333, 16, 2, "pack"),
     ("bf16", 216, "wgm128n64s2p_al", "win32_0", 2, 200, 333, 4, 2, "softcap"),
+    # what the runtime now runs at other head dims 8 mod 16: the computed head dim's entries, aligned
+    # (spec_sm90.aligned_if_misaligned): three consumers at 120 and 56, 32-column boxes at 200, 64 at 248
+    ("bf16", 120, "wgm192n80s3_al_persist", "causal", 2, 777, 555, 8, 2, ""),
+    ("fp16", 56, "wgm192n128s3_al_persist", "none", 3, 300, 517, 6, 6, ""),
+    ("bf16", 200, "wgm128n96s2_al_persist", "none", 2, 700, 517, 8, 2, ""),
+    ("fp16", 248, "wgm128n64s2_al_persist", "causal", 2, 333, 1000, 4, 4, "rising"),
     # the tuner's picks of 2026-12-05 for head dims 80, 160 and 224 (flash_gen/tuned/sm90.json)
     ("bf16", 160, "wgm128n128s2_persist", "causal", 2, 1000, 1300, 8, 2, ""),
     ("bf16", 224, "wgm128n96s2_persist", "none", 2, 700, 517, 8, 2, ""),

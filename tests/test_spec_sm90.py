@@ -124,8 +124,16 @@ def test_head_dims_compute_exactly_in_multiples_of_32_and_at_16_48_80(monkeypatc
     for key, name in ((key128, "wgm192n80s3"), (key80, "wgm128n128s2p_persist"), (key72, "wgm192n112s3_persist")):
         default = fwd_tilings.default_config(key).name
         db.record(key.name, "s>4k", tuned.Entry(name, 1.0, default, 1.1, "gpu", "drv", "now", 3))
-    assert tuned.tuned_config(key88, "s>4k").name == "wgm192n80s3" and tuned.tuned_config(key88, "s<=4k") is None
+    # with aligned rows: 88's odd heads start mid-sector (176-byte rows)
+    assert tuned.tuned_config(key88, "s>4k").name == "wgm192n80s3_al" and tuned.tuned_config(key88, "s<=4k") is None
     assert tuned.tuned_config(key72, "s>4k").name == "wgm192n112s3_persist"  # its own entry first
+    # the defaults of head dims 8 mod 16 align their rows where the key can shift columns; the unaligned head follows
+    # (aligning costs registers) and still counts as the default a tuned entry was measured against
+    chain = fwd_tilings.default_configs(key88)
+    assert chain[0].name == "wgm128n128s2_al_persist" and chain[1].name == "wgm128n128s2_persist"
+    assert [c.name for c in fwd_tilings.measured_defaults(key72)] == ["wgm192n112s2p_al", "wgm192n112s2p"]
+    for key in (key80, key128, FwdKey("sm90", "bf16", 88, varlen=True), FwdKey("sm90", "bf16", 120, kv="cache")):
+        assert not fwd_tilings.default_config(key).align, key.name
     # Q's 128 rows and two stages of 128 K and V rows, 160 bytes each, then 10 mbarriers
     assert sm90_smem_bytes(FwdKey("sm90", "bf16", 80), Sm90FwdConfig()) == 640 * 160 + 10 * 8
     assert sm90_infeasible_reason(FwdKey("sm90", "bf16", 80), Sm90FwdConfig()) is None

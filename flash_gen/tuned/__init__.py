@@ -96,7 +96,8 @@ def shipped(arch: str) -> TunedDb:
 def tuned_config(key, bucket: str):
     """The tuned config for `key` in `bucket` (flash_gen.spec.bucket_name), or None. A Hopper forward key without
     an entry of its own takes that of the head dim its kernel computes (spec_sm90.sm90_head_dim): 88 runs 128's
-    GEMMs, so 128's tiling. Keys whose rows sit differently in memory can differ: 72 (as 80) has entries of its own."""
+    GEMMs, so 128's tiling, with aligned rows (spec_sm90.aligned_if_misaligned). Keys whose rows sit differently in
+    memory can differ more: 72 (as 80) has entries of its own."""
     db = shipped(key.arch)
     cfg = db.live_config(key, bucket)
     computed = computed_key(key)
@@ -104,6 +105,8 @@ def tuned_config(key, bucket: str):
         cfg = db.live_config(computed, bucket)
         if cfg is not None and fwd_tilings.infeasible_reason(key, cfg) is not None:
             cfg = None  # never one the key itself cannot run (the runtime would raise)
+        elif isinstance(cfg, spec_sm90.Sm90FwdConfig):
+            cfg = spec_sm90.aligned_if_misaligned(key, cfg)
     return cfg
 
 
