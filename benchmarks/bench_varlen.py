@@ -2,6 +2,7 @@
 at equal useful work and against SDPA on the padded batch, forward and forward+backward.
 
     python benchmarks/bench_varlen.py [--hdim 128] [--total-tokens 32768] [--min-len 128] [--max-len 8192]
+                                      [--directions fwd,fwd+bwd]
 
 The batch: lengths drawn uniformly from [min-len, max-len] (seeded) until they fill total-tokens. Useful FLOPs
 count each entry's own attention only: 4 * H * D * sum(len^2), halved for causal, x3.5 with the backward.
@@ -53,6 +54,7 @@ def main() -> int:
     p.add_argument("--min-len", type=int, default=128)
     p.add_argument("--max-len", type=int, default=8192)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--directions", default="fwd,fwd+bwd", help="comma list of fwd and fwd+bwd")
     p.add_argument("--json", default="bench_varlen.json")
     args = p.parse_args()
     if not torch.cuda.is_available():
@@ -68,7 +70,7 @@ def main() -> int:
     randn = lambda *s: torch.randn(*s, device="cuda", dtype=torch.bfloat16, requires_grad=True)  # noqa: E731
 
     rows = []
-    for direction in ("fwd", "fwd+bwd"):
+    for direction in args.directions.split(","):
         for causal in (False, True):
             factor = (0.5 if causal else 1.0) * (3.5 if direction == "fwd+bwd" else 1.0)
             useful = 4 * h * d * sum(x * x for x in lens) * factor

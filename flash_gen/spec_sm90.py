@@ -195,8 +195,8 @@ def sm90_infeasible_reason(key: FwdKey, cfg: Sm90FwdConfig) -> str | None:
         return f"cluster {cfg.cluster} must be 1 or 2"
     if cfg.cluster > 1 and (key.mask != "none" or key.varlen):
         return "a cluster's CTAs share K/V tiles, so every tile must see the same keys: unmasked dense batches only"
-    if cfg.align and (key.split or key.varlen or key.kv != "dense"):
-        return "aligned rows shift the columns of dense batches only (split partials and packed stores index them)"
+    if cfg.align and (key.split or key.kv != "dense"):
+        return "aligned rows shift the columns of dense K/V only (split partials index them, caches have pages)"
     if cfg.align and sm90_head_dim(key) - key.head_dim < 8:
         return f"aligned rows need 8 padding columns: head dim {key.head_dim} computes as {sm90_head_dim(key)}"
     regs = (cfg.block_n // 2 + cfg.block_n // 4 + sm90_head_dim(key) // 2)  # 64 rows over 128 threads: S, P, O

@@ -26,7 +26,8 @@ def i32(values) -> torch.Tensor:
 
 
 def varlen_cases(head_dim: int = 64) -> int:
-    """Packed batches with valid, out-of-range and garbage offsets (head dim 128: the 192-row forward tiles)."""
+    """Packed batches with valid, out-of-range and garbage offsets (head dim 128: the 192-row forward tiles; 72:
+    aligned rows, its odd KV head's boxes shifted)."""
     total_q, total_k = 300, 250
     q = torch.randn(total_q, 4, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     k = torch.randn(total_k, 2, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -199,7 +200,7 @@ def main() -> None:
                         help="comma list of 1-based sections to run (default: all), so that several sanitizer "
                              "processes can share the sections, each on its own CPU core")
     args = parser.parse_args()
-    sections = [varlen_cases, lambda: varlen_cases(128), dense_backward_cases, pack_gqa_cases, dense_split_cases,
+    sections = [varlen_cases, lambda: varlen_cases(128) + varlen_cases(72), dense_backward_cases, pack_gqa_cases, dense_split_cases,
                 lambda: dense_backward_cases(dropout_p=0.2), kvcache_cases, lambda: kvcache_cases(70, (0, 256)),
                 varlen_paged_cases]
     if torch.cuda.get_device_capability() == (9, 0):

@@ -132,7 +132,8 @@ def test_head_dims_compute_exactly_in_multiples_of_32_and_at_16_48_80(monkeypatc
     chain = fwd_tilings.default_configs(key88)
     assert chain[0].name == "wgm128n128s2_al_persist" and chain[1].name == "wgm128n128s2_persist"
     assert [c.name for c in fwd_tilings.measured_defaults(key72)] == ["wgm192n112s2p_al", "wgm192n112s2p"]
-    for key in (key80, key128, FwdKey("sm90", "bf16", 88, varlen=True), FwdKey("sm90", "bf16", 120, kv="cache")):
+    assert fwd_tilings.default_config(FwdKey("sm90", "bf16", 88, varlen=True)).name == "wgm192n80s3_al"
+    for key in (key80, key128, FwdKey("sm90", "bf16", 88, split=True), FwdKey("sm90", "bf16", 120, kv="cache")):
         assert not fwd_tilings.default_config(key).align, key.name
     # Q's 128 rows and two stages of 128 K and V rows, 160 bytes each, then 10 mbarriers
     assert sm90_smem_bytes(FwdKey("sm90", "bf16", 80), Sm90FwdConfig()) == 640 * 160 + 10 * 8

@@ -73,6 +73,11 @@ def _cases() -> list[Case]:
               # 192-row tiles (three consumer warpgroups), 80-key steps: the packed forward's candidate at 128
               Case("bf16", 128, ragged_q, ragged_k, 4, 2, "causal", sm90_config="wgm192n80s3"),
               Case("fp16", 128, many, tuple(reversed(many)), 2, 2, "none", sm90_config="wgm192n80s3")]
+    # aligned rows ("_al"): two or more KV heads of rows 16 bytes past a sector multiple (72: 144 bytes, 120: 240),
+    # so the odd heads' boxes shift; the runtime's default at 72, then two forced tilings
+    cases += [Case("bf16", 72, ragged_q, ragged_k, 4, 2, "causal"),
+              Case("fp16", 72, long_q, long_k, 16, 8, "none", sm90_config="wgm192n96s4p_al"),
+              Case("bf16", 120, ragged_q, ragged_q, 4, 2, "win32_0", "softcap", sm90_config="wgm128n128s2p_al")]
     return cases
 
 

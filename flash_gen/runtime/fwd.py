@@ -411,9 +411,10 @@ def _sm90_params(plan: FwdPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 
 
 def _row_shift_bits(t: torch.Tensor) -> int:
-    """Sm90FwdParams.qk_shift_bits / v_shift_bits of K or V (b, s, h, d): bit 0 when head 0's rows start 16 bytes
-    into a 32-byte sector, bit 1 when the head stride moves the next head's by 16 more; 0 when the sequence or batch
-    stride is not a whole number of sectors (the offset would then change from row to row)."""
+    """Sm90FwdParams.qk_shift_bits / v_shift_bits of K or V (b, s, h, d), or packed (s, h, d): bit 0 when head 0's
+    rows start 16 bytes into a 32-byte sector, bit 1 when the head stride moves the next head's by 16 more; 0 when
+    the sequence or batch stride is not a whole number of sectors (the offset would then change from row to row)."""
+    t = t if t.dim() == 4 else t[None]
     size = t.element_size()
     b, s = t.shape[0], t.shape[1]
     if (s > 1 and t.stride(1) * size % 32) or (b > 1 and t.stride(0) * size % 32):

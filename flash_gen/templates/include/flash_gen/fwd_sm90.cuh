@@ -98,11 +98,11 @@ struct Sm90FwdTraits {
   // so a head dim of 80 computes 80 columns instead of 128 (flash_gen.spec_sm90.sm90_box_cols).
   static constexpr int kBoxCols = kHeadDim % 64 == 0 ? 64 : (kHeadDim % 32 == 0 ? 32 : 16);
   // Aligned rows ("_al", Sm90FwdParams::qk_shift_bits): Q's and K's boxes start 8 columns early for KV heads whose K
-  // rows start mid-sector, V's for those whose V rows do (dense batches: split partials and packed stores index
-  // columns). O's boxes keep column 0 (a TMA store at a negative column raises an illegal instruction): its shifted
-  // columns are staged rotated back instead.
+  // rows start mid-sector, V's for those whose V rows do (dense K/V, packed or not: split partials index columns).
+  // O's boxes keep column 0 (a TMA store at a negative column raises an illegal instruction): its shifted columns
+  // are staged rotated back instead, so the staged tile is in the tensor's column order (packed batches' stores).
   static constexpr bool kAlign = kAlign_;
-  static_assert(!kAlign || (!kSplit && !kVarlen && !kKvCache));
+  static_assert(!kAlign || (!kSplit && !kKvCache));
   static_assert(kHeadDim % 16 == 0, "the S GEMM's K steps: head dim a multiple of 16");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma N and TMA box rows");
 
