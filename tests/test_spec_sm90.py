@@ -50,8 +50,8 @@ def test_config_names_round_trip_and_other_names_are_not_sm90():
     (FwdKey("sm90", "bf16", 128), Sm90FwdConfig(cluster=4), "1 or 2"),
     (FwdKey("sm90", "bf16", 80), Sm90FwdConfig(112, block_m=192, align=True), "8 padding columns"),
     (FwdKey("sm90", "bf16", 128), Sm90FwdConfig(align=True), "8 padding columns"),
-    (FwdKey("sm90", "bf16", 72, varlen=True), Sm90FwdConfig(112, block_m=192, align=True), "dense batches only"),
-    (FwdKey("sm90", "bf16", 72, split=True), Sm90FwdConfig(112, block_m=192, align=True), "dense batches only"),
+    (FwdKey("sm90", "bf16", 72, varlen=True, kv="cache"), Sm90FwdConfig(64, block_m=192, align=True), "dense K/V"),
+    (FwdKey("sm90", "bf16", 72, split=True), Sm90FwdConfig(112, block_m=192, align=True), "dense K/V"),
 ])
 def test_infeasible_reason_explains_rejections(key, cfg, reason):
     why = sm90_infeasible_reason(key, cfg)
