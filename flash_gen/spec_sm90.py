@@ -212,9 +212,10 @@ def sm90_infeasible_reason(key: FwdKey, cfg: Sm90FwdConfig) -> str | None:
 
 def aligned_if_misaligned(key: FwdKey, cfg: Sm90FwdConfig) -> Sm90FwdConfig:
     """`cfg` with aligned rows ("_al") where `key`'s odd heads start mid-sector (head dims 8 mod 16: 2-byte rows of
-    16 bytes past a multiple of 32) and the key can take them, else `cfg`. The same tiling aligned ran 1.00-1.05x
-    itself unaligned at head dims 56 and 120 (H100, 2026-12-05, docs/benchmarks.md "Aligned rows at other head
-    dims") and 1.11-1.30x at 72."""
+    16 bytes past a multiple of 32) and the key can take them, else `cfg`. The same tiling aligned ran, against
+    itself unaligned, about 1.02x at 120 (0.94-1.06x over two runs), 1.01-1.05x at 56, 1.10-1.18x at 88 and 248,
+    1.30-1.41x at 200 and 216 and 1.11-1.30x at 72 (H100, 2026-12-05, docs/benchmarks.md "Aligned rows at the
+    other head dims" and "Aligned rows at head dim 72")."""
     if cfg.align or key.head_dim % 16 != 8:
         return cfg
     aligned = replace(cfg, align=True)
