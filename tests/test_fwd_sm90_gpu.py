@@ -101,6 +101,10 @@ CASES = [  # dtype, head dim, config, mask, batch, seqlen_q, seqlen_k, nheads, n
     ("bf16", 224, "wgm128n96s2_persist", "none", 2, 700, 517, 8, 2, ""),
     ("bf16", 224, "wgm128n64s3p", "causal", 2, 300, 517, 4, 2, "rising"),
     ("bf16", 80, "wgm192n96s4p_persist", "causal", 2, 1000, 700, 8, 2, ""),
+    # and fp16's (2026-12-05 evening): the same tilings, whose fp16 forms no other case runs
+    ("fp16", 80, "wgm192n96s4p_persist", "none", 2, 700, 517, 8, 2, ""),
+    ("fp16", 160, "wgm128n128s2_persist", "none", 3, 777, 555, 8, 8, ""),
+    ("fp16", 224, "wgm128n96s2_persist", "causal", 2, 1000, 1300, 8, 2, "rising"),
     # and for head dim 72 with aligned rows (4 KV heads: the odd ones shifted)
     ("bf16", 72, "wgm192n96s4p_al", "none", 2, 1000, 700, 8, 4, ""),
     ("bf16", 72, "wgm192n96s3p_al_persist", "causal", 2, 1000, 1300, 16, 4, ""),
