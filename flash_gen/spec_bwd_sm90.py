@@ -16,10 +16,10 @@ from flash_gen.spec_sm90 import WGMMA_BASIC_N
 class Sm90BwdConfig:
     """block_m queries per step x block_n keys per CTA (two warpgroups of 64 keys, or 64 keys shared when the head dim
     is split), two Q/dO buffers; the template takes any block_m, the feasibility rule admits 64 x 128 (and 128 x 128
-    at head dims up to 64, 80 x 128 at 72-128 with dQ computed transposed) and 64 x 64 at head dim 256. `overlap`:
+    at head dims up to 64, 80 x 128 at 104-128 with dQ computed transposed) and 64 x 64 at head dim 256. `overlap`:
     the dK/dV wgmmas run on through the dS barrier and the dQ GEMM instead of being waited for first (name suffix
     "o"). `dq_bulk`: each step's dQ goes through shared memory and leaves as TMA tensor reductions
-    (`cp.reduce.async.bulk.tensor`, one per 32-column box, issued by thread 0, or per head dim half by each
+    (`cp.reduce.async.bulk.tensor`, one per box of sm90_bwd_dq_box_cols columns, issued by thread 0, or per head dim half by each
     warpgroup's first thread when the head dim is split) instead of each thread's `red.global.add` of its
     accumulators (suffix "b"). `decoupled` (bulk dQ, head dims up to 128): the warpgroups meet once per step, at the
     dS barrier, not also at its end; dS is double-buffered, the next Q/dO tile loads after the dS barrier and each
@@ -56,14 +56,16 @@ SM90_BWD_CONFIG_SPACE = {"block_m": (64, 80, 128), "block_n": (64, 128), "overla
 
 
 def sm90_bwd_head_dim(key: BwdKey) -> int:
-    """Head dim the GEMMs compute: 64, 128 or 256 (one or two 128-byte swizzled rows per 64 columns; TMA and the
-    K/V loads zero-fill the columns past the tensors' head dim, the stores skip them)."""
-    return 64 if key.head_dim <= 64 else (128 if key.head_dim <= 128 else 256)
+    """Head dim the GEMMs compute: 64, 96, 128 or 256 (128-byte swizzled rows of 64 columns; at 96 64-byte ones of
+    32; TMA and the K/V loads zero-fill the columns past the tensors' head dim, the stores skip them). 72-96 as 96
+    rather than 128: a quarter less work in all five GEMMs."""
+    d = key.head_dim
+    return 64 if d <= 64 else (96 if d <= 96 else (128 if d <= 128 else 256))
 
 
 def sm90_bwd_computed_key(key: BwdKey) -> BwdKey:
     """`key` at the head dim its Hopper backward kernel computes (sm90_bwd_head_dim). The kernel takes the tensors'
-    head dim at run time, so this key's kernel serves `key`: 72, 80 and 96 run 128's."""
+    head dim at run time, so this key's kernel serves `key`: 72, 80 and 88 run 96's, 104-120 128's."""
     return replace(key, head_dim=sm90_bwd_head_dim(key))
 
 
@@ -83,9 +85,9 @@ def default_sm90_bwd_config(key: BwdKey, wide_steps: bool = True) -> Sm90BwdConf
     day, then through other buffers). Packed batches and windows take them too: fwd+bwd +9-17% on a ragged batch
     (benchmarks/bench_varlen.py, head dims 64-256) and +7-15% under windows (1024/0 causal at 8k, 512/512 at 4k)
     against the tilings they had (2026-12-03, docs/hopper_backward.md). Deterministic dQ cannot take bulk dQ, so
-    the overlap's last condition decides deterministic keys only. Dense unmasked batches at head dims 72-128 take
+    the overlap's last condition decides deterministic keys only. Dense unmasked batches at head dims 104-128 take
     80-query steps (dQ transposed) with bulk dQ and without the overlap, which spills 32 B there: fwd+bwd
-    +0.3-3.9% at head dims 96 and 128 (2k-8k, 2026-12-03, docs/hopper_backward.md). Masks keep 64-query steps:
+    +0.3-3.9% at head dims 96 and 128 when 96 computed as 128 (2k-8k, 2026-12-03, docs/hopper_backward.md). Masks keep 64-query steps:
     causal at head dim 128 -1..-3% at 2k, +0..2% at 4k-8k, windows -0.5..-1%; with ALiBi or in a packed batch the
     80-query steps spill 4-44 B, and with dropout (the keep bits) 100-416 B at head dims 64 and 128 (NVRTC 13.0,
     2026-12-05), so dropout keys start at 64-query steps rather than compile wider ones bound to spill.
@@ -108,10 +110,17 @@ def sm90_bwd_config_from_name(name: str) -> Sm90BwdConfig | None:
     return Sm90BwdConfig(int(m[1]), int(m[2]), bool(m[3]), bool(m[4]), bool(m[5])) if m else None
 
 
-def sm90_bwd_needs_extended_wgmma(cfg: Sm90BwdConfig) -> bool:
-    """Whether the query step (the N of S^T, dP^T and dQ^T) needs CuTe's extended wgmma shapes to stay one
-    instruction per k-step (80 would otherwise split into five N = 16 ones)."""
-    return cfg.block_m not in WGMMA_BASIC_N
+def sm90_bwd_dq_box_cols(head_dim: int) -> int:
+    """fp32 columns of a bulk dQ box (a swizzle row of dq_accum's TMA map and of the staging buffer) for a computed
+    head dim: 32 (128 bytes), or 16 at 96, whose warpgroups' 48-column halves must be whole boxes."""
+    return 32 if head_dim % 64 == 0 else 16
+
+
+def sm90_bwd_needs_extended_wgmma(key: BwdKey, cfg: Sm90BwdConfig) -> bool:
+    """Whether the query step (the N of S^T, dP^T and dQ^T) or a warpgroup's half of the head dim (the N of dQ, 48
+    at head dim 96) needs CuTe's extended wgmma shapes to stay one instruction per k-step (80 would otherwise split
+    into five N = 16 ones)."""
+    return cfg.block_m not in WGMMA_BASIC_N or sm90_bwd_head_dim(key) // 2 not in WGMMA_BASIC_N
 
 
 def sm90_bwd_smem_bytes(key: BwdKey, cfg: Sm90BwdConfig) -> int:
@@ -140,7 +149,7 @@ def sm90_bwd_infeasible_reason(key: BwdKey, cfg: Sm90BwdConfig) -> str | None:
         # 128-query steps need 64 more accumulator registers per thread: spill-free at head dim 64 only (246-248
         # registers, NVRTC 13.0, 2026-12-03; 388 B of spills before the register work of 2026-11-30..12-02). 80
         # (no wgmma M) computes dQ transposed, the warpgroups splitting head dim 128 as its M.
-        return "block_m: 64, 128 at head dims up to 64, or 80 at head dims 72-128"
+        return "block_m: 64, 128 at head dims up to 64, or 80 at head dims 104-128"
     if cfg.block_m == 80 and not cfg.dq_bulk:
         return "block_m 80: with bulk dQ (the transposed dQ leaves through shared memory)"
     if key.head_dim % 8 or not (key.head_dim <= 128 or key.head_dim == 256):

@@ -1,11 +1,13 @@
-"""Hopper forward calls whose warpgroups share or hand over shared memory in the ways race checking should see, to
-run under `compute-sanitizer --tool racecheck` on an sm90 GPU:
+"""Hopper forward and backward calls whose warpgroups share or hand over shared memory in the ways race checking
+should see, to run under `compute-sanitizer --tool racecheck` on an sm90 GPU:
 
     compute-sanitizer --tool racecheck --error-exitcode 1 python3 scripts/racecheck_cases.py
 
 - causal and windowed calls through tilings whose warpgroups skip or halve their last key steps;
 - persistent tilings with more query tiles than CTAs, so each CTA stages O for several tiles in its own buffer
-  while the previous tile's TMA stores may still read it, or (head dim 256) in the V ring the next tile loads.
+  while the previous tile's TMA stores may still read it, or (head dim 256) in the V ring the next tile loads;
+- backward tilings that stage dS and dQ in shared memory between the warpgroups (bulk dQ, decoupled warpgroups
+  with double-buffered dS), at head dims computed as 96 (other swizzles and dQ boxes) and 128.
 Only races are checked here (the GPU tests check results). The tilings are those of tests/test_fwd_sm90_gpu.py
 and the shipped tuning database (prebuilt by scripts/prebuild_gpu_test_kernels.py).
 """
@@ -14,7 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from flash_gen import fwd_tilings
+from flash_gen import bwd_tilings, fwd_tilings
+from flash_gen.runtime.bwd import attention_bwd
 from flash_gen.runtime.fwd import attention_fwd
 
 CASES = [  # dtype, head dim, tiling, batch, seqlen_q, seqlen_k, heads, causal, window
@@ -38,14 +41,33 @@ CASES = [  # dtype, head dim, tiling, batch, seqlen_q, seqlen_k, heads, causal, 
 ]
 
 
+BWD_CASES = [  # dtype, head dim, backward tiling, batch, seqlen_q, seqlen_k, heads, KV heads, causal
+    (torch.bfloat16, 80, "wgbm64n128ob", 1, 333, 517, 4, 2, False),  # computed as 96
+    (torch.bfloat16, 96, "wgbm64n128obd", 2, 300, 300, 2, 2, False),
+    (torch.bfloat16, 96, "wgbm64n128b", 1, 517, 333, 2, 1, True),
+    (torch.float16, 72, "wgbm64n128o", 1, 517, 333, 2, 1, False),
+    (torch.bfloat16, 128, "wgbm80n128b", 1, 333, 517, 4, 2, False),
+    (torch.float16, 128, "wgbm64n128obd", 1, 300, 300, 2, 2, True),
+]
+
+
 def main() -> None:
     for dtype, head_dim, name, batch, seqlen_q, seqlen_k, heads, causal, window in CASES:
         q = torch.randn(batch, seqlen_q, heads, head_dim, device="cuda", dtype=dtype)
         k, v = (torch.randn(batch, seqlen_k, heads, head_dim, device="cuda", dtype=dtype) for _ in range(2))
         attention_fwd(q, k, v, softmax_scale=head_dim**-0.5, causal=causal, window_size=window, softcap=0.0,
                       alibi_slopes=None, config=fwd_tilings.config_from_name(name))
+    for dtype, head_dim, name, batch, seqlen_q, seqlen_k, heads, heads_k, causal in BWD_CASES:
+        q, dout = (torch.randn(batch, seqlen_q, heads, head_dim, device="cuda", dtype=dtype) for _ in range(2))
+        k, v = (torch.randn(batch, seqlen_k, heads_k, head_dim, device="cuda", dtype=dtype) for _ in range(2))
+        common = dict(softmax_scale=head_dim**-0.5, causal=causal, window_size=(-1, -1), softcap=0.0,
+                      alibi_slopes=None)
+        out, lse = attention_fwd(q, k, v, **common)
+        grads = [torch.empty_like(t) for t in (q, k, v)]
+        attention_bwd(dout, q, k, v, out, lse, *grads, deterministic=False,
+                      config=bwd_tilings.config_from_name(name), **common)
     torch.cuda.synchronize()
-    print(f"racecheck_cases: {len(CASES)} calls completed")
+    print(f"racecheck_cases: {len(CASES) + len(BWD_CASES)} calls completed")
 
 
 if __name__ == "__main__":

@@ -156,12 +156,12 @@ def test_head_dims_computed_as_another_run_that_head_dims_kernel():
     both = [(key72, cfg), (key80, cfg)]
     assert render.render_many(both).count(f"{render.entry_name(key80, cfg)}(") == 1
     assert batches.plan_batches(both, jobs=2) == [[(key72, cfg)]]
-    # the Hopper backward takes the tensors' head dim at run time: 72-128 share 128's kernel, 8-64 64's
+    # the Hopper backward takes the tensors' head dim at run time: 104-128 share 128's kernel, 72-96 96's, 8-64 64's
     from flash_gen.spec_bwd import BwdKey
     from flash_gen.spec_bwd_sm90 import sm90_bwd_config_from_name
 
     steps = sm90_bwd_config_from_name("wgbm64n128ob")
-    for hd, computed in ((72, 128), (96, 128), (40, 64)):
+    for hd, computed in ((72, 96), (96, 96), (104, 128), (40, 64)):
         key, kernel = BwdKey("sm90", "bf16", hd, "none"), BwdKey("sm90", "bf16", computed, "none")
         assert render.entry_name(key, steps) == render.entry_name(kernel, steps)
         assert render.render_many([(key, steps)]) == render.render_many([(kernel, steps)])
@@ -267,11 +267,11 @@ def test_hopper_backward_is_the_sm90_default_where_it_fits():
         "wgbm64n128", "wgbm64n128o", "wgbm64n128ob", "wgbm128n128ob", "wgbm80n128b", "wgbm64n64o", "wgbm64n64ob"}
     # bulk dQ with the overlap at every head dim and mask, dense or packed, unless deterministic; with 128-query
     # steps at head dims up to 64 without ALiBi, and 80-query steps without the overlap on dense unmasked batches
-    # at 72-128 without ALiBi, whose chains then fall back to 64-query steps before the portable kernel; dropout
-    # keeps 64-query steps (the wider ones spill 100-416 B)
+    # at 104-128 without ALiBi (72-96 compute as 96, which 80-query steps cannot), whose chains then fall back to
+    # 64-query steps before the portable kernel; dropout keeps 64-query steps (the wider ones spill 100-416 B)
     bulk = [k for k in hopper if not k.deterministic]
     wide = [k for k in bulk if not k.alibi and not k.dropout and (
-        k.head_dim <= 64 or (k.head_dim <= 128 and k.mask == "none" and not k.varlen))]
+        k.head_dim <= 64 or (96 < k.head_dim <= 128 and k.mask == "none" and not k.varlen))]
     assert all(default_sm90_bwd_config(k).dq_bulk == (k in bulk) for k in hopper)
     assert all(default_sm90_bwd_config(k).block_m == ((128 if k.head_dim <= 64 else 80) if k in wide else 64)
                for k in hopper)
@@ -280,13 +280,15 @@ def test_hopper_backward_is_the_sm90_default_where_it_fits():
     chain = [c.name for c in bwd_tilings.default_configs(BwdKey("sm90", "bf16", 64, "causal"))]
     assert chain[:6] == ["wgbm128n128ob", "wgbm128n128obd", "wgbm128n128b", "wgbm64n128ob", "wgbm64n128obd",
                          "wgbm64n128b"]
-    chain = [c.name for c in bwd_tilings.default_configs(BwdKey("sm90", "bf16", 96, "none"))]
+    chain = [c.name for c in bwd_tilings.default_configs(BwdKey("sm90", "bf16", 128, "none"))]
     assert chain[:4] == ["wgbm80n128b", "wgbm64n128ob", "wgbm64n128obd", "wgbm64n128b"]
+    chain = [c.name for c in bwd_tilings.default_configs(BwdKey("sm90", "bf16", 96, "none"))]
+    assert chain[:3] == ["wgbm64n128ob", "wgbm64n128obd", "wgbm64n128b"]  # computed as 96: no 80-query steps
     # after the bulk-dQ tilings, the same ones adding dQ by reductions (fewer registers), before the portable kernel
     chain = [c.name for c in bwd_tilings.default_configs(BwdKey("sm90", "bf16", 128, "causal", varlen=True))]
     assert chain[:6] == ["wgbm64n128ob", "wgbm64n128obd", "wgbm64n128b", "wgbm64n128o", "wgbm64n128",
                          "m64n128w8a422s2"]
-    chain = [c.name for c in bwd_tilings.default_configs(BwdKey("sm90", "bf16", 96, "none"))]
+    chain = [c.name for c in bwd_tilings.default_configs(BwdKey("sm90", "bf16", 128, "none"))]
     assert chain[4:6] == ["wgbm64n128o", "wgbm64n128"] and not chain[6].startswith("wgbm")  # 80: bulk dQ only
     # the split head dim has no decoupled form
     chain = [c.name for c in bwd_tilings.default_configs(BwdKey("sm90", "bf16", 256, "causal"))]
@@ -361,11 +363,14 @@ def test_hopper_backward_bulk_dq(tmp_path, monkeypatch):
     no_bulk, on_split = Sm90BwdConfig(64, 128, decoupled=True), Sm90BwdConfig(64, 64, dq_bulk=True, decoupled=True)
     for k, c in ((hd128, no_bulk), (hd256, on_split)):
         assert "decoupled" in sm90_bwd_infeasible_reason(k, c)
-    # 80-query steps: head dims 72-128 with bulk dQ (dQ^T staged transposed)
+    # 80-query steps: head dims 104-128 with bulk dQ (dQ^T staged transposed); 72-96 compute as 96, whose halves
+    # cannot be the transposed dQ's M
     steps80 = Sm90BwdConfig(80, 128, dq_bulk=True)
     assert sm90_bwd_config_from_name("wgbm80n128b") == steps80
-    assert sm90_bwd_infeasible_reason(BwdKey("sm90", "bf16", 72, "none"), steps80) is None
-    for k, c in ((hd128, Sm90BwdConfig(80, 128)), (key, steps80), (hd256, Sm90BwdConfig(80, 64, dq_bulk=True))):
+    assert sm90_bwd_infeasible_reason(BwdKey("sm90", "bf16", 104, "none"), steps80) is None
+    hd72 = BwdKey("sm90", "bf16", 72, "none")
+    for k, c in ((hd128, Sm90BwdConfig(80, 128)), (key, steps80), (hd72, steps80),
+                 (hd256, Sm90BwdConfig(80, 64, dq_bulk=True))):
         assert "block_m" in sm90_bwd_infeasible_reason(k, c)
     (c,) = batches.compile_batch([(key, cfg)])
     assert c.error is None, c.error

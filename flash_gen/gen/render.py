@@ -120,7 +120,7 @@ def render_bwd_sm90_many(variants: Sequence[tuple[BwdKey, Sm90BwdConfig]]) -> st
     """One translation unit holding the Hopper backward kernel of every (key, config) in `variants`."""
     items = _items(variants, sm90_bwd_infeasible_reason,
                    lambda key, cfg: {"smem_bytes": sm90_bwd_smem_bytes(key, cfg), "head_dim": sm90_bwd_head_dim(key)})
-    extended = any(sm90_bwd_needs_extended_wgmma(cfg) for _, cfg in variants)
+    extended = any(sm90_bwd_needs_extended_wgmma(key, cfg) for key, cfg in variants)
     return _env().get_template("bwd_sm90.cu.j2").render(variants=items, extended_wgmma=extended)
 
 

@@ -27,7 +27,8 @@ from flash_gen.runtime.score_params import (
 )
 from flash_gen.spec import bucket_name
 from flash_gen.spec_bwd import BwdKey
-from flash_gen.spec_bwd_sm90 import Sm90BwdConfig
+from flash_gen.spec_bwd_sm90 import Sm90BwdConfig, sm90_bwd_dq_box_cols
+from flash_gen.spec_sm90 import sm90_box_cols
 from flash_gen.tuned import tuned_config
 
 _AUX_THREADS, _AUX_ROWS = 128, 32  # kAuxThreads, kAuxRows in templates/include/flash_gen/bwd_aux.cuh
@@ -235,18 +236,18 @@ def attention_bwd(
     aux_block = (_AUX_THREADS, 1, 1)
     var.preprocess.launch(shape.grids[0], aux_block, 0, stream, shape.params, patches)
     main_block = (var.cfg.num_threads, 1, 1)
-    if isinstance(var.cfg, Sm90BwdConfig):  # TMA boxes of a query tile's rows; with bulk dQ, dq_accum's 32 fp32 wide
-        rows, d, bulk = var.cfg.block_m, var.head_dim_mma, var.cfg.dq_bulk
+    if isinstance(var.cfg, Sm90BwdConfig):  # TMA boxes of a query tile's rows (one swizzle row wide: 64 columns,
+        rows, d, bulk = var.cfg.block_m, var.head_dim_mma, var.cfg.dq_bulk  # 32 at 96); bulk dQ: 32 fp32 (16)
 
         def maps() -> tuple[tuple, ...]:
             q_do = (("tma_q", q, rows), ("tma_do", dout, rows))
             if not bulk:
                 return q_do
             dq_accum = f32[2 * shape.part:2 * shape.part + shape.rows * d].view(1, shape.rows, 1, d)
-            return (*q_do, ("tma_dq", dq_accum, var.cfg.dq_box_rows, None, 32))
+            return (*q_do, ("tma_dq", dq_accum, var.cfg.dq_box_rows, None, sm90_bwd_dq_box_cols(d)))
 
         main = tma.params_with_maps(Sm90BwdParams, shape.params, shape.maps,
-                                    (var, q.data_ptr(), dout.data_ptr(), base if bulk else 0), maps)
+                                    (var, q.data_ptr(), dout.data_ptr(), base if bulk else 0), maps, sm90_box_cols(d))
         var.main.launch(shape.grids[1], main_block, var.smem, stream, main, patches, _SM90_BASE)
     else:
         var.main.launch(shape.grids[1], main_block, var.smem, stream, shape.params, patches)

@@ -34,7 +34,7 @@ template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, bool kOverl
           bool kDropout_>
 struct Sm90BwdTraits {
   using Element = Element_;
-  // What the GEMMs compute: 64, 128 or 256. The tensors' head dim (BwdParams::head_dim, a multiple of 8 up to it) is
+  // What the GEMMs compute: 64, 96, 128 or 256. The tensors' head dim (BwdParams::head_dim, a multiple of 8 up to it) is
   // a runtime value: loads zero-fill the columns past it and stores skip them, so one kernel serves every head dim
   // computed as this one (flash_gen.gen.render.kernel_key), for the cost of a few compares per CTA.
   static constexpr int kHeadDim = kHeadDim_;
@@ -63,7 +63,8 @@ struct Sm90BwdTraits {
   // Whether the dK/dV wgmmas run on through the dS barrier and the dQ GEMM (a tunable, Sm90BwdConfig.overlap).
   static constexpr bool kOverlapDkvDq = kOverlap_;
   // dQ through shared memory and out by TMA reductions (Sm90BwdConfig.dq_bulk): the consumers store their
-  // accumulators into 32-column boxes swizzled by 128 bytes (in stage_dq's order, free of bank conflicts), and thread
+  // accumulators into 32-column boxes swizzled by 128 bytes (in stage_dq's order, free of bank conflicts; 16 and 64 at
+  // head dim 96, below), and thread
   // 0 adds the boxes into dq_accum (map tma_dq), taking the per-element reductions off the load/store queue. (Until
   // 2026-12-03 every warp's lane 0 sent 8 padded rows by row-wise bulk reductions: a loop of 8 uniform-datapath
   // instructions that took about 14% of the warps' time, ncu source counters, docs/hopper_backward.md.)
@@ -86,7 +87,9 @@ struct Sm90BwdTraits {
   // a time (its swizzle keeps a warp's stores on distinct banks).
   static constexpr bool kDqTransposed = kBlockM_ % 64 != 0;
   static_assert(!kDqTransposed || (kHeadDim_ == 128 && kDqBulk && kBlockM_ % 16 == 0));
-  static constexpr int kDqBoxCols = 32;  // fp32 columns of a 128-byte swizzle row
+  // fp32 columns of a dQ box, one swizzle row: 32 (128 bytes), or at head dim 96 16 (64 bytes), since each
+  // warpgroup's dQ wgmma covers 48 columns, which must be whole boxes for the accumulators to partition the buffer.
+  static constexpr int kDqBoxCols = kHeadDim % 64 == 0 ? 32 : 16;
   // P^T's exponentials while the dP^T GEMM computes (S^T waited for alone), dS^T after it. At head dim 64 that
   // measured +3% fwd+bwd without a mask and level causal; at 128 -1..-2% (H200, 2026-12-04, docs/hopper_backward.md).
   // Not with softcap, whose dS^T needs each score's tanh, gone by then.
@@ -98,7 +101,8 @@ struct Sm90BwdTraits {
   static constexpr int kDqBoxRows = kDqRowHalves ? 64 : kBlockM_;
   static constexpr int kDqStageCols = kSplitHeadDim ? kHeadDim / 2 : kHeadDim;  // columns staged at once
   using SmemLayoutdQ = decltype(tile_to_shape(
-      composition(Swizzle<3, 2, 3>{}, Layout<Shape<_8, Int<kDqBoxCols>>, Stride<Int<kDqBoxCols>, _1>>{}),
+      composition(Swizzle<kDqBoxCols == 32 ? 3 : 2, 2, 3>{},
+                  Layout<Shape<_8, Int<kDqBoxCols>>, Stride<Int<kDqBoxCols>, _1>>{}),
       Shape<Int<kBlockM>, Int<kDqStageCols>>{}));
   // The staging buffer seen as the whole (queries, head dim) tile, the halves on the same bytes: each warpgroup's
   // dQ accumulators partition it like the global tile.
@@ -111,12 +115,18 @@ struct Sm90BwdTraits {
       decltype(composition(SmemLayoutdQTile{},
                            make_layout(Shape<Int<kHeadDim>, Int<kBlockM>>{}, Stride<Int<kBlockM>, _1>{}))),
       SmemLayoutdQTile>;
-  static_assert(kHeadDim % 64 == 0 && kHeadDim <= 256);
-
-  using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;
+  static_assert((kHeadDim % 64 == 0 || kHeadDim == 96) && kHeadDim <= 256);
+  // A TMA box row is one swizzle row: 64 columns (128 bytes), or at head dim 96 32 (64 bytes; its rows are three such
+  // boxes, and the K-major atom seen head-dim-major is the MN-major 64-byte one the dK/dV GEMMs read).
+  static constexpr int kBoxCols = kHeadDim % 64 == 0 ? 64 : 32;
+  using SmemAtom = cute::conditional_t<kBoxCols == 64, GMMA::Layout_K_SW128_Atom<Element>,
+                                       GMMA::Layout_K_SW64_Atom<Element>>;
+  // K and V (loaded by cp.async, any swizzle): at head dim 96 in 32-byte swizzle rows of 16 columns, since K^T is
+  // the MN-major B operand of each warpgroup's 48 dQ columns, a whole number of such atoms but not of 32-column ones.
+  using SmemAtomKV = cute::conditional_t<kBoxCols == 64, SmemAtom, GMMA::Layout_K_SW32_Atom<Element>>;
   using SmemLayoutQ =  // Q and dO: (queries, head dim, stage)
       decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStages>>{}));
-  using SmemLayoutK = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));  // K and V
+  using SmemLayoutK = decltype(tile_to_shape(SmemAtomKV{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));  // K and V
   // The same bytes seen head-dim-major: Q^T / dO^T and K^T as MN-major B operands.
   using SmemLayoutQt = decltype(composition(
       SmemLayoutQ{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockM>, Int<kStages>>{}, Step<_2, _1, _3>{})));
@@ -172,7 +182,6 @@ struct Sm90BwdTraits {
 
   using GmemLoad = typename GmemCopy<Element, kNThreads, kHeadDim>::Load;
   using GmemStore = typename GmemCopy<Element, kNThreads, kHeadDim>::Store;
-  static constexpr int kBoxCols = 64;  // a TMA box row is one 128-byte swizzle row
   // A tile's row statistics (lse, rowsum(dO * O)) arrive by bulk copy from the 16-byte boundary at or before its
   // first row: packed batches start entries at any row.
   static constexpr int kStatFloats = kBlockM + 4;
@@ -345,7 +354,7 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   __syncthreads();  // K and V visible, barriers initialised
 
   // One thread: columns [col0, col0 + kSendCols) x the row boxes [box0, box0 + kSendRowBoxes) (kDqBoxRows rows
-  // each) of the tile whose first dq_accum row is `row`, staged at `buf` (32-column boxes of kBlockM rows), as one
+  // each) of the tile whose first dq_accum row is `row`, staged at `buf` (kDqBoxCols-column boxes of kBlockM rows), as one
   // bulk group. A warpgroup's half is half the columns, or (kDqRowHalves) its own row box.
   constexpr bool kRowHalfSends = kDqHalves && T::kDqRowHalves;
   constexpr int kSendCols = kDqHalves && !kRowHalfSends ? kD / 2 : kD;
@@ -665,6 +674,13 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
         Tensor tdQsdQ = thr_dq.partition_C(make_tensor(make_smem_ptr(buf), typename T::SmemLayoutdQAcc{}));
         if constexpr (T::kDqTransposed) {  // an accumulator's adjacent columns are adjacent rows of the tile
           copy(acc_dq, tdQsdQ);
+        } else if constexpr (decltype(size<0, 2>(acc_dq))::value % 4 != 0) {
+          // Head dim 96: each warpgroup's 48 columns end mid-box, so chunk k has no partner k ^ 2 for the crossed
+          // order below; element pairs go straight, at up to 4 wavefronts a store.
+          CUTE_UNROLL
+          for (int i = 0; i < size(acc_dq); i += 2) {
+            st_shared_f32x2(smem_u32(&tdQsdQ(i)), make_float2(acc_dq(i), acc_dq(i + 1)));
+          }
         } else {
           // 8-byte stores, each element pair i, i + 1 two adjacent columns of one row. Shared memory serves them by
           // half-warps (rows 4h..4h+3 of a warp's eight), and the 128-byte swizzle puts rows 2s and 2s + 1 of one
@@ -673,8 +689,7 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
           // the same 32-column box), whose address is element i's XOR 64 bytes whatever the row's swizzle (it permutes
           // 16-byte units within the row; the buffers are 1024-byte aligned). Shared-space stores: a select between
           // two pointers made them generic, and two addresses per pair cost registers (spills under ALiBi).
-          static_assert(decltype(size<0, 0>(acc_dq))::value == 2 && decltype(size<0, 1>(acc_dq))::value == 2 &&
-                        decltype(size<0, 2>(acc_dq))::value % 4 == 0);
+          static_assert(decltype(size<0, 0>(acc_dq))::value == 2 && decltype(size<0, 1>(acc_dq))::value == 2);
           const bool odd_row = (tidx >> 2) & 1;
           const uint32_t flip = odd_row ? 64 : 0;
           CUTE_UNROLL
