@@ -60,5 +60,5 @@ def smem_bytes(key: BwdKey, cfg: BwdTiling) -> int:
 def head_dim_mma(key: BwdKey, cfg: BwdTiling) -> int:
     """Columns of the fp32 dQ accumulator rows (what the main kernel's dQ GEMM computes)."""
     if isinstance(cfg, Sm90BwdConfig):
-        return spec_bwd_sm90.sm90_bwd_head_dim(key)
+        return spec_bwd_sm90.sm90_bwd_head_dim(key, cfg)
     return spec_bwd.bwd_head_dim_mma(key, cfg)

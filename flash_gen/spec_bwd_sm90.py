@@ -16,26 +16,28 @@ from flash_gen.spec_sm90 import WGMMA_BASIC_N
 class Sm90BwdConfig:
     """block_m queries per step x block_n keys per CTA (two warpgroups of 64 keys, or 64 keys shared when the head dim
     is split), two Q/dO buffers; the template takes any block_m, the feasibility rule admits 64 x 128 (and 128 x 128
-    at head dims up to 64, 80 x 128 at 104-128 with dQ computed transposed) and 64 x 64 at head dim 256. `overlap`:
-    the dK/dV wgmmas run on through the dS barrier and the dQ GEMM instead of being waited for first (name suffix
-    "o"). `dq_bulk`: each step's dQ goes through shared memory and leaves as TMA tensor reductions
-    (`cp.reduce.async.bulk.tensor`, one per box of sm90_bwd_dq_box_cols columns, issued by thread 0, or per head dim half by each
-    warpgroup's first thread when the head dim is split) instead of each thread's `red.global.add` of its
-    accumulators (suffix "b"). `decoupled` (bulk dQ, head dims up to 128): the warpgroups meet once per step, at the
+    at head dims up to 64, 80 x 128 at 72-128 with dQ computed transposed, not narrow) and 64 x 64 at head dim 256.
+    `overlap`: the dK/dV wgmmas run on through the dS barrier and the dQ GEMM instead of being waited for first (name
+    suffix "o"). `dq_bulk`: each step's dQ goes through shared memory and leaves as TMA tensor reductions
+    (`cp.reduce.async.bulk.tensor`, one per box of sm90_bwd_dq_box_cols columns, issued by thread 0, or per head dim
+    half by each warpgroup's first thread when the head dim is split) instead of each thread's `red.global.add` of
+    its accumulators (suffix "b"). `decoupled` (bulk dQ, head dims up to 128): the warpgroups meet once per step, at the
     dS barrier, not also at its end; dS is double-buffered, the next Q/dO tile loads after the dS barrier and each
     warpgroup sends its own half of dQ (suffix "d"). With 128-query steps the warpgroups split dQ's rows (64 each,
-    N = 64 dQ wgmmas), with 64 or 80 its columns."""
+    N = 64 dQ wgmmas), with 64 or 80 its columns. `narrow` (head dims 72-96): the GEMMs compute head dim 96 rather
+    than 128, a quarter less work, in narrower swizzle rows (suffix "_h96"; sm90_bwd_head_dim)."""
 
     block_m: int = 64
     block_n: int = 128
     overlap: bool = False
     dq_bulk: bool = False
     decoupled: bool = False
+    narrow: bool = False
 
     @property
     def name(self) -> str:
         flags = ("o" if self.overlap else "") + ("b" if self.dq_bulk else "") + ("d" if self.decoupled else "")
-        return f"wgbm{self.block_m}n{self.block_n}{flags}"
+        return f"wgbm{self.block_m}n{self.block_n}{flags}" + ("_h96" if self.narrow else "")
 
     @property
     def num_threads(self) -> int:
@@ -49,24 +51,36 @@ class Sm90BwdConfig:
 
 
 # The tuner's axes where this kernel is the default (flash_gen.search.space), pruned by sm90_bwd_infeasible_reason
-# (block_n is fixed per head dim, block_m 128 only at head dim 64, 80 only at 128); stages and a producer scheme
-# would join here.
+# (block_n is fixed per head dim, block_m 128 only at head dim 64, 80 only at 128, narrow only at 72-96); stages and
+# a producer scheme would join here.
 SM90_BWD_CONFIG_SPACE = {"block_m": (64, 80, 128), "block_n": (64, 128), "overlap": (False, True),
-                         "dq_bulk": (False, True), "decoupled": (False, True)}
+                         "dq_bulk": (False, True), "decoupled": (False, True), "narrow": (False, True)}
 
 
-def sm90_bwd_head_dim(key: BwdKey) -> int:
-    """Head dim the GEMMs compute: 64, 96, 128 or 256 (128-byte swizzled rows of 64 columns; at 96 64-byte ones of
-    32; TMA and the K/V loads zero-fill the columns past the tensors' head dim, the stores skip them). 72-96 as 96
-    rather than 128: a quarter less work in all five GEMMs."""
+def sm90_bwd_head_dim(key: BwdKey, cfg: Sm90BwdConfig | None = None) -> int:
+    """Head dim the GEMMs compute: 64, 128 or 256 (128-byte swizzled rows of 64 columns; TMA and the K/V loads
+    zero-fill the columns past the tensors' head dim, the stores skip them), or 96 for head dims 72-96 under a
+    `narrow` tiling (64-byte rows of 32 columns), a quarter less work in all five GEMMs than 128."""
     d = key.head_dim
-    return 64 if d <= 64 else (96 if d <= 96 else (128 if d <= 128 else 256))
+    if d <= 64:
+        return 64
+    if d <= 96 and cfg is not None and cfg.narrow:
+        return 96
+    return 128 if d <= 128 else 256
 
 
-def sm90_bwd_computed_key(key: BwdKey) -> BwdKey:
-    """`key` at the head dim its Hopper backward kernel computes (sm90_bwd_head_dim). The kernel takes the tensors'
-    head dim at run time, so this key's kernel serves `key`: 72, 80 and 88 run 96's, 104-120 128's."""
-    return replace(key, head_dim=sm90_bwd_head_dim(key))
+def sm90_bwd_computed_key(key: BwdKey, cfg: Sm90BwdConfig) -> BwdKey:
+    """`key` at the head dim its Hopper backward kernel computes under `cfg` (sm90_bwd_head_dim). The kernel takes
+    the tensors' head dim at run time, so this key's kernel serves `key`: 72-120 run 128's, or (narrow) 72-88 96's."""
+    return replace(key, head_dim=sm90_bwd_head_dim(key, cfg))
+
+
+def sm90_bwd_tuned_key(key: BwdKey) -> BwdKey | None:
+    """The key whose tuned entries `key` takes where it has none of its own: that of the smallest of 64, 96, 128 and
+    256 that holds its head dim, as both run the same kernel under every tiling (64 or 128 wide, or narrow 96 at
+    72-96); None for head dims the Hopper backward does not run (136-248)."""
+    d = next((h for h in (64, 96, 128) if key.head_dim <= h), 256 if key.head_dim == 256 else None)
+    return None if d is None else replace(key, head_dim=d)
 
 
 def split_head_dim(key: BwdKey) -> bool:
@@ -85,9 +99,9 @@ def default_sm90_bwd_config(key: BwdKey, wide_steps: bool = True) -> Sm90BwdConf
     day, then through other buffers). Packed batches and windows take them too: fwd+bwd +9-17% on a ragged batch
     (benchmarks/bench_varlen.py, head dims 64-256) and +7-15% under windows (1024/0 causal at 8k, 512/512 at 4k)
     against the tilings they had (2026-12-03, docs/hopper_backward.md). Deterministic dQ cannot take bulk dQ, so
-    the overlap's last condition decides deterministic keys only. Dense unmasked batches at head dims 104-128 take
+    the overlap's last condition decides deterministic keys only. Dense unmasked batches at head dims 72-128 take
     80-query steps (dQ transposed) with bulk dQ and without the overlap, which spills 32 B there: fwd+bwd
-    +0.3-3.9% at head dims 96 and 128 when 96 computed as 128 (2k-8k, 2026-12-03, docs/hopper_backward.md). Masks keep 64-query steps:
+    +0.3-3.9% at head dims 96 and 128 (2k-8k, 2026-12-03, docs/hopper_backward.md). Masks keep 64-query steps:
     causal at head dim 128 -1..-3% at 2k, +0..2% at 4k-8k, windows -0.5..-1%; with ALiBi or in a packed batch the
     80-query steps spill 4-44 B, and with dropout (the keep bits) 100-416 B at head dims 64 and 128 (NVRTC 13.0,
     2026-12-05), so dropout keys start at 64-query steps rather than compile wider ones bound to spill.
@@ -106,8 +120,8 @@ def default_sm90_bwd_config(key: BwdKey, wide_steps: bool = True) -> Sm90BwdConf
 
 def sm90_bwd_config_from_name(name: str) -> Sm90BwdConfig | None:
     """Inverse of Sm90BwdConfig.name, or None for a name of another kernel family."""
-    m = re.fullmatch(r"wgbm(\d+)n(\d+)(o?)(b?)(d?)", name)
-    return Sm90BwdConfig(int(m[1]), int(m[2]), bool(m[3]), bool(m[4]), bool(m[5])) if m else None
+    m = re.fullmatch(r"wgbm(\d+)n(\d+)(o?)(b?)(d?)(_h96)?", name)
+    return Sm90BwdConfig(int(m[1]), int(m[2]), bool(m[3]), bool(m[4]), bool(m[5]), bool(m[6])) if m else None
 
 
 def sm90_bwd_dq_box_cols(head_dim: int) -> int:
@@ -120,7 +134,7 @@ def sm90_bwd_needs_extended_wgmma(key: BwdKey, cfg: Sm90BwdConfig) -> bool:
     """Whether the query step (the N of S^T, dP^T and dQ^T) or a warpgroup's half of the head dim (the N of dQ, 48
     at head dim 96) needs CuTe's extended wgmma shapes to stay one instruction per k-step (80 would otherwise split
     into five N = 16 ones)."""
-    return cfg.block_m not in WGMMA_BASIC_N or sm90_bwd_head_dim(key) // 2 not in WGMMA_BASIC_N
+    return cfg.block_m not in WGMMA_BASIC_N or sm90_bwd_head_dim(key, cfg) // 2 not in WGMMA_BASIC_N
 
 
 def sm90_bwd_smem_bytes(key: BwdKey, cfg: Sm90BwdConfig) -> int:
@@ -128,7 +142,7 @@ def sm90_bwd_smem_bytes(key: BwdKey, cfg: Sm90BwdConfig) -> int:
     boxes, swizzled), when the head dim is split P^T (bulk dQ then stages each half of dQ in the step's Q and dO
     buffers; with dropout a second P^T, signed), decoupled a second dS tile, then per buffer the tile's lse and
     rowsum(dO*O) (4 floats more each: their bulk copies start at a 16-byte boundary) and mbarrier."""
-    d, tile = sm90_bwd_head_dim(key), cfg.block_m * cfg.block_n
+    d, tile = sm90_bwd_head_dim(key, cfg), cfg.block_m * cfg.block_n
     split = (4 if key.dropout else 2) * tile if split_head_dim(key) else 0
     dq = 4 * cfg.block_m * d if cfg.dq_bulk and not split else 0
     stats = 2 * 4 * (cfg.block_m + 4)
@@ -144,12 +158,14 @@ def sm90_bwd_infeasible_reason(key: BwdKey, cfg: Sm90BwdConfig) -> str | None:
         return "softcap: head dims up to 128 (split, warpgroup 1 forms dS^T without the scores' tanh)"
     if cfg.block_n != (64 if split_head_dim(key) else 128):
         return "block_n: 64 when the warpgroups split the head dim (256), else 128"
-    d = sm90_bwd_head_dim(key)
+    if cfg.narrow and not 64 < key.head_dim <= 96:
+        return "narrow (_h96): head dims 72-96, computed as 96"
+    d = sm90_bwd_head_dim(key, cfg)
     if cfg.block_m not in (64, 80, 128) or (cfg.block_m == 128 and d != 64) or (cfg.block_m == 80 and d != 128):
         # 128-query steps need 64 more accumulator registers per thread: spill-free at head dim 64 only (246-248
         # registers, NVRTC 13.0, 2026-12-03; 388 B of spills before the register work of 2026-11-30..12-02). 80
         # (no wgmma M) computes dQ transposed, the warpgroups splitting head dim 128 as its M.
-        return "block_m: 64, 128 at head dims up to 64, or 80 at head dims 104-128"
+        return "block_m: 64, 128 at head dims up to 64, or 80 at head dims 72-128 (not narrow)"
     if cfg.block_m == 80 and not cfg.dq_bulk:
         return "block_m 80: with bulk dQ (the transposed dQ leaves through shared memory)"
     if key.head_dim % 8 or not (key.head_dim <= 128 or key.head_dim == 256):

@@ -68,8 +68,7 @@ def dense_backward_cases(dropout_p: float = 0.0) -> int:
         (128, 3, 1, 1, 2, 2, False, (-1, -1)),
         (128, 1, 799, 3, 2, 1, True, (-1, -1)),
         (64, 2, 200, 200, 2, 2, False, (-1, 17)),
-        (96, 2, 301, 513, 4, 2, True, (-1, -1)),  # 64-byte swizzled Q/dO, 32-byte K/V, 16-column dQ boxes
-        (80, 1, 257, 129, 4, 2, False, (-1, -1)),  # backward as 96 (the forward as 80)
+        (96, 2, 301, 513, 4, 2, True, (-1, -1)),  # head dims the Hopper backward computes padded (as 128)
         (72, 1, 257, 129, 4, 2, False, (-1, -1)),  # forward as 80; KV head 1's 144-byte rows off the sectors
         (256, 2, 301, 777, 4, 2, False, (-1, -1)),  # split head dim: dQ halves staged in the dS/P^T and Q buffers
         (256, 1, 777, 301, 2, 1, True, (-1, -1)),
@@ -84,7 +83,8 @@ def dense_backward_cases(dropout_p: float = 0.0) -> int:
 
 def dropout_backward_tiling_cases() -> int:
     """Dropout through Hopper backward tilings the dropout keys' defaults do not use (tests/test_dropout_gpu.py
-    builds them): 80- and 128-query steps, decoupled warpgroups, the split head dim with and without bulk dQ."""
+    builds them): 80- and 128-query steps, decoupled warpgroups, the split head dim with and without bulk dQ, head
+    dims 80 and 96 computed as 96."""
     from flash_gen.bwd_tilings import config_from_name
     from flash_gen.ops import dropout_seed
     from flash_gen.runtime.bwd import attention_bwd
@@ -93,6 +93,8 @@ def dropout_backward_tiling_cases() -> int:
     cases = [  # head dim, config, batch, seqlen_q, seqlen_k, heads, KV heads, causal
         (128, "wgbm80n128b", 2, 300, 517, 4, 1, False),
         (128, "wgbm64n128obd", 2, 517, 300, 4, 2, True),
+        (80, "wgbm64n128ob_h96", 2, 300, 517, 4, 1, False),  # computed as 96
+        (96, "wgbm64n128obd_h96", 2, 517, 300, 4, 2, True),
         (64, "wgbm128n128ob", 2, 777, 555, 8, 8, False),
         (256, "wgbm64n64b", 2, 333, 1200, 2, 1, True),
         (256, "wgbm64n64o", 2, 200, 300, 4, 2, False),

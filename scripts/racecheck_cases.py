@@ -8,8 +8,8 @@ should see, to run under `compute-sanitizer --tool racecheck` on an sm90 GPU:
   while the previous tile's TMA stores may still read it, or (head dim 256) in the V ring the next tile loads;
 - backward tilings that stage dS and dQ in shared memory between the warpgroups (bulk dQ, decoupled warpgroups
   with double-buffered dS), at head dims computed as 96 (other swizzles and dQ boxes) and 128.
-Only races are checked here (the GPU tests check results). The tilings are those of tests/test_fwd_sm90_gpu.py
-and the shipped tuning database (prebuilt by scripts/prebuild_gpu_test_kernels.py).
+Only races are checked here (the GPU tests check results). The tilings are those of tests/test_fwd_sm90_gpu.py,
+tests/test_bwd_gpu.py's TILINGS and the shipped tuning database (prebuilt by scripts/prebuild_gpu_test_kernels.py).
 """
 
 from __future__ import annotations
@@ -42,10 +42,10 @@ CASES = [  # dtype, head dim, tiling, batch, seqlen_q, seqlen_k, heads, causal, 
 
 
 BWD_CASES = [  # dtype, head dim, backward tiling, batch, seqlen_q, seqlen_k, heads, KV heads, causal
-    (torch.bfloat16, 80, "wgbm64n128ob", 1, 333, 517, 4, 2, False),  # computed as 96
-    (torch.bfloat16, 96, "wgbm64n128obd", 2, 300, 300, 2, 2, False),
-    (torch.bfloat16, 96, "wgbm64n128b", 1, 517, 333, 2, 1, True),
-    (torch.float16, 72, "wgbm64n128o", 1, 517, 333, 2, 1, False),
+    (torch.bfloat16, 80, "wgbm64n128ob_h96", 1, 333, 517, 4, 2, False),  # computed as 96
+    (torch.bfloat16, 96, "wgbm64n128obd_h96", 2, 300, 300, 2, 2, False),
+    (torch.bfloat16, 96, "wgbm64n128b_h96", 1, 517, 333, 2, 1, True),
+    (torch.float16, 72, "wgbm64n128o_h96", 1, 517, 333, 2, 1, False),
     (torch.bfloat16, 128, "wgbm80n128b", 1, 333, 517, 4, 2, False),
     (torch.float16, 128, "wgbm64n128obd", 1, 300, 300, 2, 2, True),
 ]

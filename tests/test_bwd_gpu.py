@@ -93,20 +93,21 @@ TILINGS = [
     # decoupled warpgroups (one barrier per step, dS double-buffered, a dQ half sent per warpgroup)
     ("bf16", 128, "none", "wgbm64n128obd"),
     ("fp16", 128, "causal", "wgbm64n128obd"),
-    ("bf16", 112, "win64_64", "wgbm64n128bd"),
+    ("bf16", 96, "win64_64", "wgbm64n128bd"),
     ("fp16", 64, "causal", "wgbm128n128obd"),
-    # 80-query steps, dQ computed transposed (head dims 104-128)
+    # 80-query steps, dQ computed transposed (head dims 72-128)
     ("bf16", 128, "none", "wgbm80n128b"),
     ("fp16", 128, "causal", "wgbm80n128b"),
-    ("bf16", 120, "win64_64", "wgbm80n128bd"),
-    ("fp16", 104, "none", "wgbm80n128bd"),
+    ("bf16", 96, "win64_64", "wgbm80n128bd"),
+    ("fp16", 80, "none", "wgbm80n128bd"),
     ("bf16", 128, "causal", "wgbm80n128bd"),  # the causal default at 1k-4k (tuned)
-    # head dims 72-96 computed as 96 (64-byte swizzled rows of 32 columns; each warpgroup's 48 dQ columns end mid-box)
-    ("bf16", 96, "causal", "wgbm64n128b"),
-    ("fp16", 72, "none", "wgbm64n128o"),  # dQ by per-thread reductions
-    ("bf16", 80, "win64_64", "wgbm64n128ob"),
-    ("fp16", 88, "causal", "wgbm64n128"),
-    ("bf16", 96, "none", "wgbm64n128obd"),  # each warpgroup's dQ half: three 16-column boxes
+    # head dims 72-96 computed as 96 ("_h96": 64-byte swizzled Q/dO, 32-byte K/V; each warpgroup's 48 dQ columns in
+    # three 16-column boxes): bulk dQ with and without the overlap, decoupled, per-thread dQ reductions, plain
+    ("bf16", 96, "causal", "wgbm64n128b_h96"),
+    ("bf16", 80, "win64_64", "wgbm64n128ob_h96"),
+    ("bf16", 96, "none", "wgbm64n128obd_h96"),
+    ("fp16", 72, "none", "wgbm64n128o_h96"),
+    ("fp16", 88, "causal", "wgbm64n128_h96"),
 ]
 
 

@@ -35,6 +35,9 @@ def test_space_is_the_templates_declaration():
         (False, False, False), (False, True, False), (True, False, False), (True, True, False), (False, True, True),
         (True, True, True)}
     assert {c.block_m for c in space.feasible_configs(hopper_bwd)} == {64, 80}  # 80: dQ transposed
+    assert not any(c.narrow for c in space.feasible_configs(hopper_bwd))  # 96 columns: head dims 72-96 only
+    narrow = {c for c in space.feasible_configs(space.Family("bwd", "sm90", "bf16", 96, "causal")) if c.narrow}
+    assert {c.block_m for c in narrow} == {64} and len(narrow) == 6  # the six dQ forms above at 64-query steps
     assert space.default_config(hopper_bwd) in space.feasible_configs(hopper_bwd)
     for fam in (fwd, portable, bwd, space.Family("decode", "sm90", "bf16", 128, "none")):
         configs = list(space.feasible_configs(fam))

@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 
-from flash_gen import fwd_tilings, tuned
+from flash_gen import bwd_tilings, fwd_tilings, tuned
 from flash_gen.build import batches
 from flash_gen.spec import FwdKey
 from flash_gen.spec_sm90 import (
@@ -156,15 +156,16 @@ def test_head_dims_computed_as_another_run_that_head_dims_kernel():
     both = [(key72, cfg), (key80, cfg)]
     assert render.render_many(both).count(f"{render.entry_name(key80, cfg)}(") == 1
     assert batches.plan_batches(both, jobs=2) == [[(key72, cfg)]]
-    # the Hopper backward takes the tensors' head dim at run time: 104-128 share 128's kernel, 72-96 96's, 8-64 64's
+    # the Hopper backward takes the tensors' head dim at run time: 72-128 share 128's kernel, 8-64 64's
     from flash_gen.spec_bwd import BwdKey
     from flash_gen.spec_bwd_sm90 import sm90_bwd_config_from_name
 
     steps = sm90_bwd_config_from_name("wgbm64n128ob")
-    for hd, computed in ((72, 96), (96, 96), (104, 128), (40, 64)):
+    narrow = sm90_bwd_config_from_name("wgbm64n128ob_h96")  # head dims 72-96 computed as 96
+    for hd, computed, cfg in ((72, 128, steps), (96, 128, steps), (40, 64, steps), (72, 96, narrow), (88, 96, narrow)):
         key, kernel = BwdKey("sm90", "bf16", hd, "none"), BwdKey("sm90", "bf16", computed, "none")
-        assert render.entry_name(key, steps) == render.entry_name(kernel, steps)
-        assert render.render_many([(key, steps)]) == render.render_many([(kernel, steps)])
+        assert render.entry_name(key, cfg) == render.entry_name(kernel, cfg)
+        assert render.render_many([(key, cfg)]) == render.render_many([(kernel, cfg)])
     with pytest.raises(ValueError, match="head_dim 240"):  # a key its kernel's own cannot stand in for
         render.render_many([(BwdKey("sm90", "bf16", 240), sm90_bwd_config_from_name("wgbm64n64ob"))])
     # the portable kernels specialise every head dim exactly
@@ -244,7 +245,7 @@ def test_hopper_backward_is_the_sm90_default_where_it_fits():
     """bwd_tilings.default_config: the Hopper backward for sm90 head dims up to 128 (computed as 64 or 128) and
     256 without softcap, softcap or not below 256, ALiBi or not, dense or packed, deterministic or not (256 splits
     the head dim over 64-key tiles), the portable backward everywhere else."""
-    from flash_gen import bwd_tilings, spec, spec_bwd
+    from flash_gen import spec, spec_bwd
     from flash_gen.spec_bwd import BwdKey
     from flash_gen.spec_bwd_sm90 import default_sm90_bwd_config
 
@@ -267,11 +268,11 @@ def test_hopper_backward_is_the_sm90_default_where_it_fits():
         "wgbm64n128", "wgbm64n128o", "wgbm64n128ob", "wgbm128n128ob", "wgbm80n128b", "wgbm64n64o", "wgbm64n64ob"}
     # bulk dQ with the overlap at every head dim and mask, dense or packed, unless deterministic; with 128-query
     # steps at head dims up to 64 without ALiBi, and 80-query steps without the overlap on dense unmasked batches
-    # at 104-128 without ALiBi (72-96 compute as 96, which 80-query steps cannot), whose chains then fall back to
-    # 64-query steps before the portable kernel; dropout keeps 64-query steps (the wider ones spill 100-416 B)
+    # at 72-128 without ALiBi, whose chains then fall back to 64-query steps before the portable kernel; dropout
+    # keeps 64-query steps (the wider ones spill 100-416 B)
     bulk = [k for k in hopper if not k.deterministic]
     wide = [k for k in bulk if not k.alibi and not k.dropout and (
-        k.head_dim <= 64 or (96 < k.head_dim <= 128 and k.mask == "none" and not k.varlen))]
+        k.head_dim <= 64 or (k.head_dim <= 128 and k.mask == "none" and not k.varlen))]
     assert all(default_sm90_bwd_config(k).dq_bulk == (k in bulk) for k in hopper)
     assert all(default_sm90_bwd_config(k).block_m == ((128 if k.head_dim <= 64 else 80) if k in wide else 64)
                for k in hopper)
@@ -280,15 +281,13 @@ def test_hopper_backward_is_the_sm90_default_where_it_fits():
     chain = [c.name for c in bwd_tilings.default_configs(BwdKey("sm90", "bf16", 64, "causal"))]
     assert chain[:6] == ["wgbm128n128ob", "wgbm128n128obd", "wgbm128n128b", "wgbm64n128ob", "wgbm64n128obd",
                          "wgbm64n128b"]
-    chain = [c.name for c in bwd_tilings.default_configs(BwdKey("sm90", "bf16", 128, "none"))]
-    assert chain[:4] == ["wgbm80n128b", "wgbm64n128ob", "wgbm64n128obd", "wgbm64n128b"]
     chain = [c.name for c in bwd_tilings.default_configs(BwdKey("sm90", "bf16", 96, "none"))]
-    assert chain[:3] == ["wgbm64n128ob", "wgbm64n128obd", "wgbm64n128b"]  # computed as 96: no 80-query steps
+    assert chain[:4] == ["wgbm80n128b", "wgbm64n128ob", "wgbm64n128obd", "wgbm64n128b"]
     # after the bulk-dQ tilings, the same ones adding dQ by reductions (fewer registers), before the portable kernel
     chain = [c.name for c in bwd_tilings.default_configs(BwdKey("sm90", "bf16", 128, "causal", varlen=True))]
     assert chain[:6] == ["wgbm64n128ob", "wgbm64n128obd", "wgbm64n128b", "wgbm64n128o", "wgbm64n128",
                          "m64n128w8a422s2"]
-    chain = [c.name for c in bwd_tilings.default_configs(BwdKey("sm90", "bf16", 128, "none"))]
+    chain = [c.name for c in bwd_tilings.default_configs(BwdKey("sm90", "bf16", 96, "none"))]
     assert chain[4:6] == ["wgbm64n128o", "wgbm64n128"] and not chain[6].startswith("wgbm")  # 80: bulk dQ only
     # the split head dim has no decoupled form
     chain = [c.name for c in bwd_tilings.default_configs(BwdKey("sm90", "bf16", 256, "causal"))]
@@ -338,6 +337,46 @@ def test_hopper_backward_draws_dropout(tmp_path, monkeypatch):
     assert "shfl.sync.bfly.b32" in c.result.ptx  # the halves of each Philox block passed between lanes
 
 
+def test_hopper_backward_narrow_head_dims(tmp_path, monkeypatch):
+    """narrow ("_h96"): head dims 72-96 computed as 96, not 128, in 64-byte swizzled Q/dO boxes, 32-byte K/V rows
+    and 16-column dQ boxes; compiles without spills, each warpgroup's dQ one N = 48 wgmma per k-step."""
+    from flash_gen.spec_bwd import BwdKey
+    from flash_gen.spec_bwd_sm90 import (Sm90BwdConfig, sm90_bwd_config_from_name, sm90_bwd_dq_box_cols,
+                                         sm90_bwd_head_dim, sm90_bwd_infeasible_reason, sm90_bwd_smem_bytes)
+
+    monkeypatch.setenv("FLASH_GEN_CACHE_DIR", str(tmp_path))
+    cfg = Sm90BwdConfig(64, 128, overlap=True, dq_bulk=True, narrow=True)
+    assert cfg.name == "wgbm64n128ob_h96" and sm90_bwd_config_from_name(cfg.name) == cfg
+    wide = Sm90BwdConfig(64, 128, overlap=True, dq_bulk=True)
+    for hd in (72, 80, 88, 96):
+        key = BwdKey("sm90", "bf16", hd, "causal")
+        assert sm90_bwd_infeasible_reason(key, cfg) is None
+        assert (sm90_bwd_head_dim(key, cfg), sm90_bwd_head_dim(key, wide), sm90_bwd_head_dim(key)) == (96, 128, 128)
+        # 32 columns fewer of Q and dO (two buffers each), K and V in bf16 and of the fp32 dQ staging
+        saved = 2 * 32 * (4 * 64 + 2 * 128) + 4 * 64 * 32
+        assert sm90_bwd_smem_bytes(key, wide) - sm90_bwd_smem_bytes(key, cfg) == saved
+    assert (sm90_bwd_dq_box_cols(96), sm90_bwd_dq_box_cols(128)) == (16, 32)
+    for hd in (64, 104, 128):
+        assert "narrow" in sm90_bwd_infeasible_reason(BwdKey("sm90", "bf16", hd), cfg)
+    assert "block_m" in sm90_bwd_infeasible_reason(BwdKey("sm90", "bf16", 96), Sm90BwdConfig(80, 128, dq_bulk=True,
+                                                                                              narrow=True))
+    # keys without tuned entries take those of the head dim whose kernels they share: 72-88 96's, 104-120 128's
+    db = tuned.TunedDb("sm90")
+    monkeypatch.setattr(tuned, "shipped", lambda arch: db)
+    key96 = BwdKey("sm90", "bf16", 96, "none")
+    db.record(key96.name, "s>4k", tuned.Entry(cfg.name, 1.0, bwd_tilings.default_config(key96).name, 1.3, "gpu", "drv",
+                                              "now", 3))
+    for hd, want in ((72, cfg), (88, cfg), (96, cfg), (104, None), (64, None)):
+        assert tuned.tuned_config(BwdKey("sm90", "bf16", hd, "none"), "s>4k") == want, hd
+    assert tuned.computed_key(BwdKey("sm90", "bf16", 120)).head_dim == 128 and tuned.computed_key(key96) is None
+    assert tuned.computed_key(BwdKey("sm90", "bf16", 160)) is None  # the portable backward's
+    (c,) = batches.compile_batch([(BwdKey("sm90", "bf16", 80, "none"), cfg)])
+    assert c.error is None, c.error
+    assert c.ok, f"{c.entry}: spills or serialised wgmmas"
+    assert c.entry.startswith("flash_gen_bwd_sm90_bf16_hd96_none__")
+    assert "m64n48k16" in c.result.ptx  # dQ: one wgmma per k-step, not three of N = 16
+
+
 def test_hopper_backward_bulk_dq(tmp_path, monkeypatch):
     """dq_bulk ("b"): dQ leaves through shared memory as TMA tensor reductions, none element by element; not with
     deterministic dQ; with a split head dim (256) too. decoupled ("d") builds on it."""
@@ -363,14 +402,11 @@ def test_hopper_backward_bulk_dq(tmp_path, monkeypatch):
     no_bulk, on_split = Sm90BwdConfig(64, 128, decoupled=True), Sm90BwdConfig(64, 64, dq_bulk=True, decoupled=True)
     for k, c in ((hd128, no_bulk), (hd256, on_split)):
         assert "decoupled" in sm90_bwd_infeasible_reason(k, c)
-    # 80-query steps: head dims 104-128 with bulk dQ (dQ^T staged transposed); 72-96 compute as 96, whose halves
-    # cannot be the transposed dQ's M
+    # 80-query steps: head dims 72-128 with bulk dQ (dQ^T staged transposed)
     steps80 = Sm90BwdConfig(80, 128, dq_bulk=True)
     assert sm90_bwd_config_from_name("wgbm80n128b") == steps80
-    assert sm90_bwd_infeasible_reason(BwdKey("sm90", "bf16", 104, "none"), steps80) is None
-    hd72 = BwdKey("sm90", "bf16", 72, "none")
-    for k, c in ((hd128, Sm90BwdConfig(80, 128)), (key, steps80), (hd72, steps80),
-                 (hd256, Sm90BwdConfig(80, 64, dq_bulk=True))):
+    assert sm90_bwd_infeasible_reason(BwdKey("sm90", "bf16", 72, "none"), steps80) is None
+    for k, c in ((hd128, Sm90BwdConfig(80, 128)), (key, steps80), (hd256, Sm90BwdConfig(80, 64, dq_bulk=True))):
         assert "block_m" in sm90_bwd_infeasible_reason(k, c)
     (c,) = batches.compile_batch([(key, cfg)])
     assert c.error is None, c.error

@@ -53,11 +53,11 @@ def _env() -> jinja2.Environment:
 def kernel_key(key: FwdKey | BwdKey, cfg: FwdConfig | BwdConfig) -> FwdKey | BwdKey:
     """The key whose kernel serves `key` under `cfg`: for the Hopper kernels, that of the head dim they compute
     (spec_sm90.sm90_computed_key, spec_bwd_sm90.sm90_bwd_computed_key), so the forward at 72 runs 80's kernel and
-    the backward at 72, 80 or 96 runs 128's, from the library where it is there, rather than compiling a copy under
-    their own names."""
+    the backward at 72, 80 or 96 runs 128's (or, narrow, 96's), from the library where it is there, rather than
+    compiling a copy under their own names."""
     if isinstance(cfg, Sm90FwdConfig):
         return sm90_computed_key(key)
-    return sm90_bwd_computed_key(key) if isinstance(cfg, Sm90BwdConfig) else key
+    return sm90_bwd_computed_key(key, cfg) if isinstance(cfg, Sm90BwdConfig) else key
 
 
 def entry_name(key: FwdKey | BwdKey, cfg: FwdConfig | BwdConfig) -> str:
@@ -118,8 +118,8 @@ def render_bwd_many(variants: Sequence[tuple[BwdKey, BwdConfig]]) -> str:
 
 def render_bwd_sm90_many(variants: Sequence[tuple[BwdKey, Sm90BwdConfig]]) -> str:
     """One translation unit holding the Hopper backward kernel of every (key, config) in `variants`."""
-    items = _items(variants, sm90_bwd_infeasible_reason,
-                   lambda key, cfg: {"smem_bytes": sm90_bwd_smem_bytes(key, cfg), "head_dim": sm90_bwd_head_dim(key)})
+    items = _items(variants, sm90_bwd_infeasible_reason, lambda key, cfg: {
+        "smem_bytes": sm90_bwd_smem_bytes(key, cfg), "head_dim": sm90_bwd_head_dim(key, cfg)})
     extended = any(sm90_bwd_needs_extended_wgmma(key, cfg) for key, cfg in variants)
     return _env().get_template("bwd_sm90.cu.j2").render(variants=items, extended_wgmma=extended)
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from flash_gen import bwd_tilings, fwd_tilings, spec, spec_bwd, spec_sm90
+from flash_gen import bwd_tilings, fwd_tilings, spec, spec_bwd, spec_bwd_sm90, spec_sm90
 
 FORMAT = 1
 TUNED_DIR = Path(__file__).resolve().parent  # <arch>.json files sit next to this reader
@@ -97,13 +97,15 @@ def tuned_config(key, bucket: str):
     """The tuned config for `key` in `bucket` (flash_gen.spec.bucket_name), or None. A Hopper forward key without
     an entry of its own takes that of the head dim its kernel computes (spec_sm90.sm90_head_dim): 88 runs 128's
     GEMMs, so 128's tiling, with aligned rows (spec_sm90.aligned_if_misaligned). Keys whose rows sit differently in
-    memory can differ more: 72 (as 80) has entries of its own."""
+    memory can differ more: 72 (as 80) has entries of its own. A Hopper backward key likewise takes those of the
+    head dim whose kernels it shares (spec_bwd_sm90.sm90_bwd_tuned_key: 72-88 96's, 104-120 128's)."""
     db = shipped(key.arch)
     cfg = db.live_config(key, bucket)
     computed = computed_key(key)
     if cfg is None and computed is not None:
         cfg = db.live_config(computed, bucket)
-        if cfg is not None and fwd_tilings.infeasible_reason(key, cfg) is not None:
+        tilings = bwd_tilings if isinstance(key, spec_bwd.BwdKey) else fwd_tilings
+        if cfg is not None and tilings.infeasible_reason(key, cfg) is not None:
             cfg = None  # never one the key itself cannot run (the runtime would raise)
         elif isinstance(cfg, spec_sm90.Sm90FwdConfig):
             cfg = spec_sm90.aligned_if_misaligned(key, cfg)
@@ -111,10 +113,11 @@ def tuned_config(key, bucket: str):
 
 
 def computed_key(key):
-    """The key of the head dim a Hopper forward key's kernel computes, where that is another head dim; else None."""
-    if not isinstance(key, spec.FwdKey) or key.arch != "sm90":
+    """The key whose entries a Hopper key without its own takes (tuned_config), where that is another; else None."""
+    if key.arch != "sm90":
         return None
-    computed = spec_sm90.sm90_computed_key(key)
+    computed = spec_sm90.sm90_computed_key(key) if isinstance(key, spec.FwdKey) else \
+        spec_bwd_sm90.sm90_bwd_tuned_key(key)
     return computed if computed != key else None
 
 

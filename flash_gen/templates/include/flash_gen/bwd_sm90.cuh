@@ -34,7 +34,7 @@ template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, bool kOverl
           bool kDropout_>
 struct Sm90BwdTraits {
   using Element = Element_;
-  // What the GEMMs compute: 64, 96, 128 or 256. The tensors' head dim (BwdParams::head_dim, a multiple of 8 up to it) is
+  // What the GEMMs compute: 64, 128 or 256, or (narrow tilings) 96. The tensors' head dim (BwdParams::head_dim) is
   // a runtime value: loads zero-fill the columns past it and stores skip them, so one kernel serves every head dim
   // computed as this one (flash_gen.gen.render.kernel_key), for the cost of a few compares per CTA.
   static constexpr int kHeadDim = kHeadDim_;
@@ -63,11 +63,11 @@ struct Sm90BwdTraits {
   // Whether the dK/dV wgmmas run on through the dS barrier and the dQ GEMM (a tunable, Sm90BwdConfig.overlap).
   static constexpr bool kOverlapDkvDq = kOverlap_;
   // dQ through shared memory and out by TMA reductions (Sm90BwdConfig.dq_bulk): the consumers store their
-  // accumulators into 32-column boxes swizzled by 128 bytes (in stage_dq's order, free of bank conflicts; 16 and 64 at
-  // head dim 96, below), and thread
-  // 0 adds the boxes into dq_accum (map tma_dq), taking the per-element reductions off the load/store queue. (Until
-  // 2026-12-03 every warp's lane 0 sent 8 padded rows by row-wise bulk reductions: a loop of 8 uniform-datapath
-  // instructions that took about 14% of the warps' time, ncu source counters, docs/hopper_backward.md.)
+  // accumulators into 32-column boxes swizzled by 128 bytes (in stage_dq's order, free of bank conflicts; at head dim
+  // 96 16 columns and 64 bytes, below), and thread 0 adds the boxes into dq_accum (map tma_dq), taking the
+  // per-element reductions off the load/store queue. (Until 2026-12-03 every warp's lane 0 sent 8 padded rows by
+  // row-wise bulk reductions: a loop of 8 uniform-datapath instructions that took about 14% of the warps' time, ncu
+  // source counters, docs/hopper_backward.md.)
   // Split head dim: no shared memory is left for a dQ buffer, so the warpgroups stage their halves (32 KB each) in
   // the step's dO and Q buffers, dead once its GEMMs are (the next tile's load into them waits for their reads).
   static constexpr bool kDqBulk = kDqBulk_;
@@ -354,8 +354,8 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
   __syncthreads();  // K and V visible, barriers initialised
 
   // One thread: columns [col0, col0 + kSendCols) x the row boxes [box0, box0 + kSendRowBoxes) (kDqBoxRows rows
-  // each) of the tile whose first dq_accum row is `row`, staged at `buf` (kDqBoxCols-column boxes of kBlockM rows), as one
-  // bulk group. A warpgroup's half is half the columns, or (kDqRowHalves) its own row box.
+  // each) of the tile whose first dq_accum row is `row`, staged at `buf` (kDqBoxCols-column boxes of kBlockM rows), as
+  // one bulk group. A warpgroup's half is half the columns, or (kDqRowHalves) its own row box.
   constexpr bool kRowHalfSends = kDqHalves && T::kDqRowHalves;
   constexpr int kSendCols = kDqHalves && !kRowHalfSends ? kD / 2 : kD;
   constexpr int kSendRowBoxes = kRowHalfSends ? 1 : kBlockM / T::kDqBoxRows;
