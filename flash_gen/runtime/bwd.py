@@ -87,12 +87,16 @@ _SM90_BASE = Sm90BwdParams.base.offset
 
 
 class _Variant:
-    """The main kernel of one backward key with its tiling, plus the dtype's two helper kernels."""
+    """The main kernel of one backward key with its tiling, plus the dtype's two helper kernels. Hopper tilings: the
+    columns of a Q/dO TMA box (one swizzle row: 64, or 32 at head dim 96) and of a bulk dQ box (32 fp32, or 16)."""
 
-    __slots__ = ("main", "preprocess", "convert_dq", "cfg", "smem", "head_dim_mma")
+    __slots__ = ("main", "preprocess", "convert_dq", "cfg", "smem", "head_dim_mma", "box_cols", "dq_box_cols")
 
     def __init__(self, key: BwdKey, cfg: BwdTiling, device: int) -> None:
         self.cfg, self.smem, self.head_dim_mma = cfg, bwd_tilings.smem_bytes(key, cfg), bwd_tilings.head_dim_mma(key, cfg)
+        hopper = isinstance(cfg, Sm90BwdConfig)
+        self.box_cols = sm90_box_cols(self.head_dim_mma) if hopper else 0
+        self.dq_box_cols = sm90_bwd_dq_box_cols(self.head_dim_mma) if hopper else 0
         self.main = loader.get_kernel(lambda: render_many([(key, cfg)]), entry_name(key, cfg), key.arch, self.smem,
                                       device)
         prefix = bwd_aux_prefix(key.arch, key.dtype)
@@ -236,18 +240,18 @@ def attention_bwd(
     aux_block = (_AUX_THREADS, 1, 1)
     var.preprocess.launch(shape.grids[0], aux_block, 0, stream, shape.params, patches)
     main_block = (var.cfg.num_threads, 1, 1)
-    if isinstance(var.cfg, Sm90BwdConfig):  # TMA boxes of a query tile's rows (one swizzle row wide: 64 columns,
-        rows, d, bulk = var.cfg.block_m, var.head_dim_mma, var.cfg.dq_bulk  # 32 at 96); bulk dQ: 32 fp32 (16)
+    if isinstance(var.cfg, Sm90BwdConfig):  # TMA maps: Q and dO by query tile, and (bulk dQ) dq_accum
+        rows, d, bulk = var.cfg.block_m, var.head_dim_mma, var.cfg.dq_bulk
 
         def maps() -> tuple[tuple, ...]:
             q_do = (("tma_q", q, rows), ("tma_do", dout, rows))
             if not bulk:
                 return q_do
             dq_accum = f32[2 * shape.part:2 * shape.part + shape.rows * d].view(1, shape.rows, 1, d)
-            return (*q_do, ("tma_dq", dq_accum, var.cfg.dq_box_rows, None, sm90_bwd_dq_box_cols(d)))
+            return (*q_do, ("tma_dq", dq_accum, var.cfg.dq_box_rows, None, var.dq_box_cols))
 
         main = tma.params_with_maps(Sm90BwdParams, shape.params, shape.maps,
-                                    (var, q.data_ptr(), dout.data_ptr(), base if bulk else 0), maps, sm90_box_cols(d))
+                                    (var, q.data_ptr(), dout.data_ptr(), base if bulk else 0), maps, var.box_cols)
         var.main.launch(shape.grids[1], main_block, var.smem, stream, main, patches, _SM90_BASE)
     else:
         var.main.launch(shape.grids[1], main_block, var.smem, stream, shape.params, patches)

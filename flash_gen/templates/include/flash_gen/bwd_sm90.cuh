@@ -675,8 +675,9 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
         if constexpr (T::kDqTransposed) {  // an accumulator's adjacent columns are adjacent rows of the tile
           copy(acc_dq, tdQsdQ);
         } else if constexpr (decltype(size<0, 2>(acc_dq))::value % 4 != 0) {
-          // Head dim 96: each warpgroup's 48 columns end mid-box, so chunk k has no partner k ^ 2 for the crossed
-          // order below; element pairs go straight, at up to 4 wavefronts a store.
+          // Head dim 96: a warpgroup's 48 columns are six 8-column chunks, so chunks 4 and 5 have no partner k ^ 2
+          // for the crossed order below (which also assumes 128-byte rows); element pairs go straight, at up to 4
+          // wavefronts a store.
           CUTE_UNROLL
           for (int i = 0; i < size(acc_dq); i += 2) {
             st_shared_f32x2(smem_u32(&tdQsdQ(i)), make_float2(acc_dq(i), acc_dq(i + 1)));
