@@ -89,7 +89,7 @@ def split_head_dim(key: BwdKey) -> bool:
     return key.head_dim > 128
 
 
-def default_sm90_bwd_config(key: BwdKey, wide_steps: bool = True) -> Sm90BwdConfig:
+def default_sm90_bwd_config(key: BwdKey, wide_steps: bool = True, narrow: bool = True) -> Sm90BwdConfig:
     """The tiling the kernel takes for `key`'s head dim, overlapping the dK/dV wgmmas where that measured ahead:
     fwd+bwd +1.5-3% at head dim 64 on the H200, at 128 +2% without a mask but -1% causal. Dense unmasked or causal
     batches take bulk dQ with the overlap: at head dim 128 +1-3% over either alone (2k-8k, docs/hopper_backward.md);
@@ -105,9 +105,13 @@ def default_sm90_bwd_config(key: BwdKey, wide_steps: bool = True) -> Sm90BwdConf
     causal at head dim 128 -1..-3% at 2k, +0..2% at 4k-8k, windows -0.5..-1%; with ALiBi or in a packed batch the
     80-query steps spill 4-44 B, and with dropout (the keep bits) 100-416 B at head dims 64 and 128 (NVRTC 13.0,
     2026-12-05), so dropout keys start at 64-query steps rather than compile wider ones bound to spill.
-    `wide_steps` False: the 64-query tiling those wider steps fall back to."""
-    d = sm90_bwd_head_dim(key)
+    `wide_steps` False: the 64-query tiling those wider steps fall back to. Head dims 72-96 take the `narrow` (_h96)
+    tiling unless `narrow` is False, with bulk dQ without the overlap: fwd+bwd +1-14% over the 128-wide defaults and
+    ahead of the `o` and `od` forms in every cell (H100, 2k-8k, causal and not, 2026-12-05, docs/hopper_backward.md)."""
     bulk = not key.deterministic
+    if narrow and 64 < key.head_dim <= 96:
+        return Sm90BwdConfig(64, 128, not bulk and key.mask == "none" and not key.varlen, bulk, narrow=True)
+    d = sm90_bwd_head_dim(key)
     overlap = d <= 64 or bulk or (key.mask == "none" and not key.varlen)
     # with ALiBi, 128-query steps spill 28-80 B; with dropout, 100-416 B
     if wide_steps and bulk and not key.alibi and not key.dropout:

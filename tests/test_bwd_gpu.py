@@ -60,7 +60,10 @@ def _cases() -> list[Case]:
             cases.append(Case("bf16", d, sq, sk, rng.choice((1, 3)), *rng.choice(((4, 4), (4, 2), (4, 1))), mask))
     cases += [Case("bf16", 64, 300, 500, 2, 6, 2, "causal", deterministic=True),
               Case("bf16", 128, 333, 333, 2, 4, 1, "win32_0", "softcap", deterministic=True),
-              Case("bf16", 96, 211, 307, 2, 4, 2, "causal", "softcap")]  # sm90: its default spills, falls back
+              Case("bf16", 96, 211, 307, 2, 4, 2, "causal", "softcap"),  # sm90: its default spills, falls back
+              # the narrow (_h96) defaults at head dims 72-96 with ALiBi, and with ordered dQ reductions
+              Case("bf16", 80, 301, 457, 2, 4, 2, "causal", "alibi_bh"),
+              Case("bf16", 72, 300, 500, 2, 4, 2, "none", deterministic=True)]
     return cases
 
 

@@ -252,7 +252,7 @@ def test_hopper_backward_is_the_sm90_default_where_it_fits():
     hopper = [BwdKey("sm90", dt, hd, m) for dt in ("bf16", "fp16") for hd in (64, 96, 128, 256) for m in spec.MASKS]
     hopper += [BwdKey("sm90", "bf16", hd, "causal") for hd in (8, 40, 72, 120)]
     hopper += [BwdKey("sm90", "bf16", hd, "causal", varlen=True) for hd in (64, 128, 256)]
-    hopper += [BwdKey("sm90", "bf16", hd, "none", deterministic=True) for hd in (64, 128, 256)]
+    hopper += [BwdKey("sm90", "bf16", hd, "none", deterministic=True) for hd in (64, 72, 128, 256)]
     hopper += [BwdKey("sm90", "bf16", hd, m, varlen=True, deterministic=True) for hd in (64, 96, 128) for m in ("none", "local")]
     hopper += [BwdKey("sm90", dt, hd, "none", varlen=True) for dt in ("bf16", "fp16") for hd in (64, 96, 128)]
     hopper += [BwdKey("sm90", "bf16", hd, m, alibi=True) for hd in (64, 96, 128, 256) for m in spec.MASKS]
@@ -264,6 +264,14 @@ def test_hopper_backward_is_the_sm90_default_where_it_fits():
                 BwdKey("sm90", "bf16", 160, "none"), BwdKey("sm90", "bf16", 192, "causal"),
                 BwdKey("sm90", "bf16", 256, "none", softcap=True)]
     assert all(bwd_tilings.default_config(k) == default_sm90_bwd_config(k) for k in hopper)
+    # head dims 72-96 compute as 96 (narrow), with bulk dQ without the overlap; ordered dQ reductions keep the
+    # overlap on dense unmasked batches
+    narrow = [k for k in hopper if 64 < k.head_dim <= 96]
+    assert {default_sm90_bwd_config(k).name for k in narrow} == {"wgbm64n128b_h96", "wgbm64n128_h96",
+                                                                  "wgbm64n128o_h96"}
+    assert all(default_sm90_bwd_config(k).overlap == (k.deterministic and k.mask == "none" and not k.varlen)
+               for k in narrow)
+    hopper = [k for k in hopper if k not in narrow]
     assert {default_sm90_bwd_config(k).name for k in hopper} == {
         "wgbm64n128", "wgbm64n128o", "wgbm64n128ob", "wgbm128n128ob", "wgbm80n128b", "wgbm64n64o", "wgbm64n64ob"}
     # bulk dQ with the overlap at every head dim and mask, dense or packed, unless deterministic; with 128-query
@@ -281,13 +289,17 @@ def test_hopper_backward_is_the_sm90_default_where_it_fits():
     chain = [c.name for c in bwd_tilings.default_configs(BwdKey("sm90", "bf16", 64, "causal"))]
     assert chain[:6] == ["wgbm128n128ob", "wgbm128n128obd", "wgbm128n128b", "wgbm64n128ob", "wgbm64n128obd",
                          "wgbm64n128b"]
-    chain = [c.name for c in bwd_tilings.default_configs(BwdKey("sm90", "bf16", 96, "none"))]
+    chain = [c.name for c in bwd_tilings.default_configs(BwdKey("sm90", "bf16", 120, "none"))]
     assert chain[:4] == ["wgbm80n128b", "wgbm64n128ob", "wgbm64n128obd", "wgbm64n128b"]
+    # a narrow head, should it spill, is followed by the 128-wide chain
+    chain = [c.name for c in bwd_tilings.default_configs(BwdKey("sm90", "bf16", 96, "none"))]
+    assert chain[:6] == ["wgbm64n128b_h96", "wgbm80n128b", "wgbm64n128ob", "wgbm64n128obd", "wgbm64n128b",
+                         "wgbm64n128_h96"]
     # after the bulk-dQ tilings, the same ones adding dQ by reductions (fewer registers), before the portable kernel
     chain = [c.name for c in bwd_tilings.default_configs(BwdKey("sm90", "bf16", 128, "causal", varlen=True))]
     assert chain[:6] == ["wgbm64n128ob", "wgbm64n128obd", "wgbm64n128b", "wgbm64n128o", "wgbm64n128",
                          "m64n128w8a422s2"]
-    chain = [c.name for c in bwd_tilings.default_configs(BwdKey("sm90", "bf16", 96, "none"))]
+    chain = [c.name for c in bwd_tilings.default_configs(BwdKey("sm90", "bf16", 120, "none"))]
     assert chain[4:6] == ["wgbm64n128o", "wgbm64n128"] and not chain[6].startswith("wgbm")  # 80: bulk dQ only
     # the split head dim has no decoupled form
     chain = [c.name for c in bwd_tilings.default_configs(BwdKey("sm90", "bf16", 256, "causal"))]
