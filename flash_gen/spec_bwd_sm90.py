@@ -107,10 +107,12 @@ def default_sm90_bwd_config(key: BwdKey, wide_steps: bool = True, narrow: bool =
     2026-12-05), so dropout keys start at 64-query steps rather than compile wider ones bound to spill.
     `wide_steps` False: the 64-query tiling those wider steps fall back to. Head dims 72-96 take the `narrow` (_h96)
     tiling unless `narrow` is False, with bulk dQ without the overlap: fwd+bwd +1-14% over the 128-wide defaults and
-    ahead of the `o` and `od` forms in every cell (H100, 2k-8k, causal and not, 2026-12-05, docs/hopper_backward.md)."""
+    ahead of the `o` and `od` forms in every cell (H100, 2k-8k, causal and not, 2026-12-05, docs/hopper_backward.md);
+    not yet with ALiBi or deterministic dQ."""
+    # ALiBi and ordered (deterministic) dQ keep the 128-wide tilings until their narrow GPU cases have run
+    if narrow and 64 < key.head_dim <= 96 and not key.alibi and not key.deterministic:
+        return Sm90BwdConfig(64, 128, dq_bulk=True, narrow=True)
     bulk = not key.deterministic
-    if narrow and 64 < key.head_dim <= 96:
-        return Sm90BwdConfig(64, 128, not bulk and key.mask == "none" and not key.varlen, bulk, narrow=True)
     d = sm90_bwd_head_dim(key)
     overlap = d <= 64 or bulk or (key.mask == "none" and not key.varlen)
     # with ALiBi, 128-query steps spill 28-80 B; with dropout, 100-416 B

@@ -60,10 +60,7 @@ def _cases() -> list[Case]:
             cases.append(Case("bf16", d, sq, sk, rng.choice((1, 3)), *rng.choice(((4, 4), (4, 2), (4, 1))), mask))
     cases += [Case("bf16", 64, 300, 500, 2, 6, 2, "causal", deterministic=True),
               Case("bf16", 128, 333, 333, 2, 4, 1, "win32_0", "softcap", deterministic=True),
-              Case("bf16", 96, 211, 307, 2, 4, 2, "causal", "softcap"),  # sm90: its default spills, falls back
-              # the narrow (_h96) defaults at head dims 72-96 with ALiBi, and with ordered dQ reductions
-              Case("bf16", 80, 301, 457, 2, 4, 2, "causal", "alibi_bh"),
-              Case("bf16", 72, 300, 500, 2, 4, 2, "none", deterministic=True)]
+              Case("bf16", 96, 211, 307, 2, 4, 2, "causal", "softcap")]  # sm90: its default spills, falls back
     return cases
 
 
@@ -111,6 +108,11 @@ TILINGS = [
     ("bf16", 96, "none", "wgbm64n128obd_h96"),
     ("fp16", 72, "none", "wgbm64n128o_h96"),
     ("fp16", 88, "causal", "wgbm64n128_h96"),
+]
+# Forced tilings with a feature or ordered dQ: the narrow (_h96) forms with ALiBi and deterministic
+FEATURE_TILINGS = [
+    (Case("bf16", 80, 301, 457, 2, 4, 2, "causal", "alibi_bh"), "wgbm64n128b_h96"),
+    (Case("bf16", 72, 300, 500, 2, 4, 2, "none", deterministic=True), "wgbm64n128o_h96"),
 ]
 
 
@@ -166,11 +168,7 @@ def _check_grads(got, q, k, v, dout, where: str, **kwargs) -> None:
 
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_backward_matches_reference(case: Case):
-    seed = fresh_seed()
-    q, k, v, dout, alibi = _inputs(case, seed)
-    kwargs = _kwargs(case, alibi)
-    got = _runtime_grads(q, k, v, dout, deterministic=case.deterministic, **kwargs)
-    _check_grads(got, q, k, v, dout, f"{case} seed={seed}", **kwargs)
+    _check_case(case)
 
 
 def test_backward_of_a_split_forward():
@@ -191,16 +189,27 @@ def test_backward_of_a_split_forward():
 
 @pytest.mark.parametrize("dtype,head_dim,mask,config", TILINGS, ids=lambda x: str(x))
 def test_backward_tilings(dtype: str, head_dim: int, mask: str, config: str):
+    _check_case(Case(dtype, head_dim, *TILING_LENS, 2, 6, 2, mask), config)  # 3 query heads per KV head
+
+
+@pytest.mark.parametrize("case,config", FEATURE_TILINGS, ids=lambda x: str(x))
+def test_backward_tilings_with_features(case: Case, config: str):
+    _check_case(case, config)
+
+
+def _check_case(case: Case, config: str | None = None):
+    """The runtime's gradients for `case` (its backward forced to the tiling named `config`, if given) against
+    the reference."""
     from flash_gen.bwd_tilings import config_from_name
 
-    if config.startswith("wgb") and torch.cuda.get_device_capability() != (9, 0):
+    if config and config.startswith("wgb") and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("a Hopper backward tiling: needs an sm_90 GPU")
-    case = Case(dtype, head_dim, *TILING_LENS, 2, 6, 2, mask)  # 3 query heads per KV head add into each dK/dV
     seed = fresh_seed()
-    q, k, v, dout, _ = _inputs(case, seed)
-    kwargs = _kwargs(case, None)
-    got = _runtime_grads(q, k, v, dout, deterministic=False, config=config_from_name(config), **kwargs)
-    _check_grads(got, q, k, v, dout, f"{case} {config} seed={seed}", **kwargs)
+    q, k, v, dout, alibi = _inputs(case, seed)
+    kwargs = _kwargs(case, alibi)
+    got = _runtime_grads(q, k, v, dout, deterministic=case.deterministic,
+                         config=config_from_name(config) if config else None, **kwargs)
+    _check_grads(got, q, k, v, dout, f"{case} {config or ''} seed={seed}", **kwargs)
 
 
 def _autograd(fn, inputs, dout, **kwargs):
