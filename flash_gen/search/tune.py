@@ -140,7 +140,8 @@ def _tune(args: argparse.Namespace, families: list[space.Family]) -> int:
                 default_ms = measure(default)
                 if isinstance(default_ms, Rejected):
                     raise RuntimeError(f"{fam.name}: the default config {default.name} fails: {default_ms.reason}")
-                progress.console.print(f"{fam.name} {bucket.name}: {default.name} (default) {sum(default_ms):.3f} ms")
+                progress.console.print(f"{fam.name} {bucket.name}: {default.name} (default) {sum(default_ms):.3f} ms",
+                                       markup=False)
                 study = open_study(study_name(args, fam, bucket), args.storage, args.seed)
                 study.set_user_attr("default", {"config": default.name, "ms": sum(default_ms), "shape_ms": default_ms})
                 study.set_user_attr("device", {"gpu": gpu, "driver": driver})
@@ -153,7 +154,7 @@ def _tune(args: argparse.Namespace, families: list[space.Family]) -> int:
                 def on_trial(trial, study=study, task=task, label=f"{fam.name} {bucket.name}") -> None:
                     if trial is not None:  # each measurement stays in the log (the study may live on a lent GPU)
                         what = f"{trial.value:.3f} ms" if trial.value is not None else trial.user_attrs.get("rejected")
-                        progress.console.print(f"{label}: {trial.user_attrs.get('config')} {what}")
+                        progress.console.print(f"{label}: {trial.user_attrs.get('config')} {what}", markup=False)
                     done = finished(study)
                     best = min((t.value for t in done), default=float("nan"))
                     progress.update(task, completed=len(done), description=f"{label} best {best:.3f} ms")
