@@ -184,7 +184,7 @@ def test_attention_ref_all_kept_is_plain() -> None:
     mask = torch.ones(2, 2, 24, 40, dtype=torch.bool)
     out_d, lse_d = attention_ref(q, k, v, **args, dropout_mask=mask, dropout_p=0.0)
     # Not bitwise: a CI machine's CPU once gave float64 logsumexp 2e-10 apart on the same scores from one call to
-    # the next (its kernel path may hang on buffer alignment or threading). 1e-8 is still far below any kernel check.
+    # the next (its kernel path may depend on buffer alignment or threading). 1e-8 is still far below any kernel check.
     torch.testing.assert_close(out_d, out, rtol=1e-8, atol=1e-8)
     torch.testing.assert_close(lse_d, lse, rtol=1e-8, atol=1e-8)
     with pytest.raises(ValueError):
