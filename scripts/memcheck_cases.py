@@ -68,8 +68,8 @@ def dense_backward_cases(dropout_p: float = 0.0) -> int:
         (128, 3, 1, 1, 2, 2, False, (-1, -1)),
         (128, 1, 799, 3, 2, 1, True, (-1, -1)),
         (64, 2, 200, 200, 2, 2, False, (-1, 17)),
-        (96, 2, 301, 513, 4, 2, True, (-1, -1)),  # head dims the Hopper backward computes padded (as 128)
-        (72, 1, 257, 129, 4, 2, False, (-1, -1)),  # forward as 80; KV head 1's 144-byte rows off the sectors
+        (96, 2, 301, 513, 4, 2, True, (-1, -1)),  # the narrow (_h96) default: 64-byte swizzled Q/dO, 16-column dQ
+        (72, 1, 257, 129, 4, 2, False, (-1, -1)),  # forward as 80, backward as 96; KV head 1: rows off sectors
         (256, 2, 301, 777, 4, 2, False, (-1, -1)),  # split head dim: dQ halves staged in the dS/P^T and Q buffers
         (256, 1, 777, 301, 2, 1, True, (-1, -1)),
     ]
