@@ -16,7 +16,7 @@ from flash_gen.spec_sm90 import WGMMA_BASIC_N
 class Sm90BwdConfig:
     """block_m queries per step x block_n keys per CTA (two warpgroups of 64 keys, or 64 keys shared when the head dim
     is split), two Q/dO buffers; the template takes any block_m, the feasibility rule admits 64 x 128 (and 128 x 128
-    at head dims up to 64, 80 x 128 at 72-128 with dQ computed transposed, not narrow) and 64 x 64 at head dim 256.
+    at head dims up to 64, 80 x 128 at 72-128 with dQ computed transposed, not narrow) and 64 x 64 at 136-256.
     `overlap`: the dK/dV wgmmas run on through the dS barrier and the dQ GEMM instead of being waited for first (name
     suffix "o"). `dq_bulk`: each step's dQ goes through shared memory and leaves as TMA tensor reductions
     (`cp.reduce.async.bulk.tensor`, one per box of sm90_bwd_dq_box_cols columns, issued by thread 0, or per head dim
@@ -24,8 +24,9 @@ class Sm90BwdConfig:
     its accumulators (suffix "b"). `decoupled` (bulk dQ, head dims up to 128): the warpgroups meet once per step, at the
     dS barrier, not also at its end; dS is double-buffered, the next Q/dO tile loads after the dS barrier and each
     warpgroup sends its own half of dQ (suffix "d"). With 128-query steps the warpgroups split dQ's rows (64 each,
-    N = 64 dQ wgmmas), with 64 or 80 its columns. `narrow` (head dims 72-96): the GEMMs compute head dim 96 rather
-    than 128, a quarter less work, in narrower swizzle rows (suffix "_h96"; sm90_bwd_head_dim)."""
+    N = 64 dQ wgmmas), with 64 or 80 its columns. `narrow` (head dims 72-96 and 136-192): the GEMMs compute head dim
+    96 rather than 128 (192 rather than 256), a quarter less work, in narrower swizzle rows (suffix "_h96", for the
+    96-column GEMMs; sm90_bwd_head_dim)."""
 
     block_m: int = 64
     block_n: int = 128
@@ -57,16 +58,21 @@ SM90_BWD_CONFIG_SPACE = {"block_m": (64, 80, 128), "block_n": (64, 128), "overla
                          "dq_bulk": (False, True), "decoupled": (False, True), "narrow": (False, True)}
 
 
+def narrow_head_dim(head_dim: int) -> int | None:
+    """The head dim a `narrow` tiling computes for `head_dim`: 96 at 72-96, 192 at 136-192; None elsewhere."""
+    if 64 < head_dim <= 96:
+        return 96
+    return 192 if 128 < head_dim <= 192 else None
+
+
 def sm90_bwd_head_dim(key: BwdKey, cfg: Sm90BwdConfig | None = None) -> int:
     """Head dim the GEMMs compute: 64, 128 or 256 (128-byte swizzled rows of 64 columns; TMA and the K/V loads
-    zero-fill the columns past the tensors' head dim, the stores skip them), or 96 for head dims 72-96 under a
-    `narrow` tiling (64-byte rows of 32 columns), a quarter less work in all five GEMMs than 128."""
+    zero-fill the columns past the tensors' head dim, the stores skip them), or under a `narrow` tiling (64-byte rows
+    of 32 columns) 96 for head dims 72-96 and 192 for 136-192, a quarter less work in all five GEMMs than 128 or 256."""
     d = key.head_dim
-    if d <= 64:
-        return 64
-    if d <= 96 and cfg is not None and cfg.narrow:
-        return 96
-    return 128 if d <= 128 else 256
+    if cfg is not None and cfg.narrow and narrow_head_dim(d):
+        return narrow_head_dim(d)
+    return 64 if d <= 64 else 128 if d <= 128 else 256
 
 
 def sm90_bwd_computed_key(key: BwdKey, cfg: Sm90BwdConfig) -> BwdKey:
@@ -77,15 +83,14 @@ def sm90_bwd_computed_key(key: BwdKey, cfg: Sm90BwdConfig) -> BwdKey:
 
 def sm90_bwd_tuned_key(key: BwdKey) -> BwdKey | None:
     """The key whose tuned entries `key` takes where it has none of its own: that of the smallest of 64, 96, 128 and
-    256 that holds its head dim, as both run the same kernel under every tiling (64 or 128 wide, or narrow 96 at
-    72-96); None for head dims the Hopper backward does not run (136-248)."""
-    d = next((h for h in (64, 96, 128) if key.head_dim <= h), 256 if key.head_dim == 256 else None)
-    return None if d is None else replace(key, head_dim=d)
+    256 that holds its head dim, as both run the same kernel under every tiling (64, 128 or 256 wide, or narrow 96
+    at 72-96)."""
+    return replace(key, head_dim=next(h for h in (64, 96, 128, 256) if key.head_dim <= h))
 
 
 def split_head_dim(key: BwdKey) -> bool:
-    """Whether the warpgroups split the head dim (head dim 256: 64 keys per CTA, docs/hopper_backward.md) rather
-    than the keys (64 each of 128)."""
+    """Whether the warpgroups split the head dim (136-256, computed as 256: 64 keys per CTA, docs/hopper_backward.md)
+    rather than the keys (64 each of 128)."""
     return key.head_dim > 128
 
 
@@ -110,7 +115,7 @@ def default_sm90_bwd_config(key: BwdKey, wide_steps: bool = True, narrow: bool =
     ahead of the `o` and `od` forms in every cell (H100, 2k-8k, causal and not, 2026-12-05, docs/hopper_backward.md);
     not yet with ALiBi or deterministic dQ."""
     # ALiBi and ordered (deterministic) dQ keep the 128-wide tilings until their narrow GPU cases have run
-    if narrow and 64 < key.head_dim <= 96 and not key.alibi and not key.deterministic:
+    if narrow and narrow_head_dim(key.head_dim) == 96 and not key.alibi and not key.deterministic:
         return Sm90BwdConfig(64, 128, dq_bulk=True, narrow=True)
     bulk = not key.deterministic
     d = sm90_bwd_head_dim(key)
@@ -128,6 +133,12 @@ def sm90_bwd_config_from_name(name: str) -> Sm90BwdConfig | None:
     """Inverse of Sm90BwdConfig.name, or None for a name of another kernel family."""
     m = re.fullmatch(r"wgbm(\d+)n(\d+)(o?)(b?)(d?)(_h96)?", name)
     return Sm90BwdConfig(int(m[1]), int(m[2]), bool(m[3]), bool(m[4]), bool(m[5]), bool(m[6])) if m else None
+
+
+def sm90_bwd_box_cols(head_dim: int) -> int:
+    """Columns of a Q/dO TMA box (a swizzle row) for a computed head dim: 64, or 32 where each warpgroup's dK/dV
+    GEMM is 96 columns wide (head dim 96, or 192 split), its MN-major operands whole 32-column atoms."""
+    return 64 if (head_dim // 2 if head_dim > 128 else head_dim) % 64 == 0 else 32
 
 
 def sm90_bwd_dq_box_cols(head_dim: int) -> int:
@@ -164,8 +175,8 @@ def sm90_bwd_infeasible_reason(key: BwdKey, cfg: Sm90BwdConfig) -> str | None:
         return "softcap: head dims up to 128 (split, warpgroup 1 forms dS^T without the scores' tanh)"
     if cfg.block_n != (64 if split_head_dim(key) else 128):
         return "block_n: 64 when the warpgroups split the head dim (256), else 128"
-    if cfg.narrow and not 64 < key.head_dim <= 96:
-        return "narrow (_h96): head dims 72-96, computed as 96"
+    if cfg.narrow and narrow_head_dim(key.head_dim) is None:
+        return "narrow (_h96): head dims 72-96 and 136-192, computed as 96 and 192"
     d = sm90_bwd_head_dim(key, cfg)
     if cfg.block_m not in (64, 80, 128) or (cfg.block_m == 128 and d != 64) or (cfg.block_m == 80 and d != 128):
         # 128-query steps need 64 more accumulator registers per thread: spill-free at head dim 64 only (246-248
@@ -174,9 +185,8 @@ def sm90_bwd_infeasible_reason(key: BwdKey, cfg: Sm90BwdConfig) -> str | None:
         return "block_m: 64, 128 at head dims up to 64, or 80 at head dims 72-128 (not narrow)"
     if cfg.block_m == 80 and not cfg.dq_bulk:
         return "block_m 80: with bulk dQ (the transposed dQ leaves through shared memory)"
-    if key.head_dim % 8 or not (key.head_dim <= 128 or key.head_dim == 256):
-        # 136-248 would compute as 256 (192 splits into 96-column halves: no 128-byte swizzled operand)
-        return f"head_dim {key.head_dim}: a multiple of 8 up to 128, or 256"
+    if key.head_dim % 8 or key.head_dim > 256:
+        return f"head_dim {key.head_dim}: a multiple of 8 up to 256"
     if cfg.dq_bulk and key.deterministic:
         return "bulk dQ: not with deterministic dQ (ordered reductions)"
     if cfg.decoupled and (not cfg.dq_bulk or split_head_dim(key)):

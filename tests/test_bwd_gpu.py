@@ -60,7 +60,12 @@ def _cases() -> list[Case]:
             cases.append(Case("bf16", d, sq, sk, rng.choice((1, 3)), *rng.choice(((4, 4), (4, 2), (4, 1))), mask))
     cases += [Case("bf16", 64, 300, 500, 2, 6, 2, "causal", deterministic=True),
               Case("bf16", 128, 333, 333, 2, 4, 1, "win32_0", "softcap", deterministic=True),
-              Case("bf16", 96, 211, 307, 2, 4, 2, "causal", "softcap")]  # sm90: its default spills, falls back
+              Case("bf16", 96, 211, 307, 2, 4, 2, "causal", "softcap"),  # sm90: its default spills, falls back
+              # head dims 136-248 computed as 256 (the warpgroups split it), columns past the tensors' zero-filled
+              Case("bf16", 192, 301, 457, 2, 4, 2, "causal", "alibi_bh"),
+              Case("bf16", 160, 300, 500, 2, 4, 2, "none", deterministic=True),
+              Case("fp16", 200, 257, 129, 2, 4, 1, "win32_0"),
+              Case("bf16", 232, 77, 1025, 1, 4, 4, "causal")]
     return cases
 
 
@@ -108,11 +113,17 @@ TILINGS = [
     ("bf16", 96, "none", "wgbm64n128obd_h96"),
     ("fp16", 72, "none", "wgbm64n128o_h96"),
     ("fp16", 88, "causal", "wgbm64n128_h96"),
+    # head dims 136-192 computed as 192, the warpgroups splitting it into 96-column halves (32-column atoms)
+    ("bf16", 192, "causal", "wgbm64n64b_h96"),
+    ("fp16", 160, "none", "wgbm64n64ob_h96"),
+    ("bf16", 136, "win64_64", "wgbm64n64o_h96"),
 ]
 # Forced tilings with a feature or ordered dQ: the narrow (_h96) forms with ALiBi and deterministic
 FEATURE_TILINGS = [
     (Case("bf16", 80, 301, 457, 2, 4, 2, "causal", "alibi_bh"), "wgbm64n128b_h96"),
     (Case("bf16", 72, 300, 500, 2, 4, 2, "none", deterministic=True), "wgbm64n128o_h96"),
+    (Case("bf16", 176, 301, 457, 2, 4, 2, "causal", "alibi_bh"), "wgbm64n64ob_h96"),
+    (Case("bf16", 192, 300, 500, 2, 4, 2, "none", deterministic=True), "wgbm64n64o_h96"),
 ]
 
 

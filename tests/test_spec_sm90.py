@@ -166,8 +166,10 @@ def test_head_dims_computed_as_another_run_that_head_dims_kernel():
         key, kernel = BwdKey("sm90", "bf16", hd, "none"), BwdKey("sm90", "bf16", computed, "none")
         assert render.entry_name(key, cfg) == render.entry_name(kernel, cfg)
         assert render.render_many([(key, cfg)]) == render.render_many([(kernel, cfg)])
-    with pytest.raises(ValueError, match="head_dim 240"):  # a key its kernel's own cannot stand in for
-        render.render_many([(BwdKey("sm90", "bf16", 240), sm90_bwd_config_from_name("wgbm64n64ob"))])
+    split = sm90_bwd_config_from_name("wgbm64n64ob")  # 136-248 computed as 256, the warpgroups splitting it
+    assert render.entry_name(BwdKey("sm90", "bf16", 192), split) == render.entry_name(BwdKey("sm90", "bf16", 256), split)
+    with pytest.raises(ValueError, match="softcap"):  # a key its kernel's own cannot stand in for
+        render.render_many([(BwdKey("sm90", "bf16", 192, softcap=True), split)])
     # the portable kernels specialise every head dim exactly
     portable = fwd_tilings.default_config(FwdKey("sm80", "bf16", 72))
     assert render.entry_name(FwdKey("sm80", "bf16", 72), portable) != render.entry_name(FwdKey("sm80", "bf16", 80),
@@ -242,9 +244,9 @@ def test_cli_compile_accepts_hopper_config_names():
 
 
 def test_hopper_backward_is_the_sm90_default_where_it_fits():
-    """bwd_tilings.default_config: the Hopper backward for sm90 head dims up to 128 (computed as 64 or 128) and
-    256 without softcap, softcap or not below 256, ALiBi or not, dense or packed, deterministic or not (256 splits
-    the head dim over 64-key tiles), the portable backward everywhere else."""
+    """bwd_tilings.default_config: the Hopper backward for sm90 head dims up to 128 (computed as 64, 96 or 128)
+    and 136-256 (computed as 256, the head dim split over 64-key tiles) without softcap, softcap or not up to 128,
+    ALiBi or not, dense or packed, deterministic or not; the portable backward everywhere else."""
     from flash_gen import spec, spec_bwd
     from flash_gen.spec_bwd import BwdKey
     from flash_gen.spec_bwd_sm90 import default_sm90_bwd_config
@@ -260,9 +262,10 @@ def test_hopper_backward_is_the_sm90_default_where_it_fits():
                                                                          alibi=True)]
     hopper += [BwdKey("sm90", dt, hd, m, dropout=True) for dt in ("bf16", "fp16") for hd in (64, 128, 256)
                for m in ("none", "causal")]
+    hopper += [BwdKey("sm90", "bf16", 160, "none"), BwdKey("sm90", "bf16", 192, "causal", alibi=True),
+               BwdKey("sm90", "fp16", 224, "local", dropout=True)]  # 136-248 computed as 256
     portable = [BwdKey("sm80", "bf16", 128, "none"), BwdKey("sm100", "bf16", 64, "causal"),
-                BwdKey("sm90", "bf16", 160, "none"), BwdKey("sm90", "bf16", 192, "causal"),
-                BwdKey("sm90", "bf16", 256, "none", softcap=True)]
+                BwdKey("sm90", "bf16", 192, "causal", softcap=True), BwdKey("sm90", "bf16", 256, "none", softcap=True)]
     assert all(bwd_tilings.default_config(k) == default_sm90_bwd_config(k) for k in hopper)
     # head dims 72-96 compute as 96 (narrow), with bulk dQ without the overlap (not yet with ALiBi or ordered dQ)
     narrow = [k for k in hopper if 64 < k.head_dim <= 96 and not k.alibi and not k.deterministic]
@@ -347,10 +350,12 @@ def test_hopper_backward_draws_dropout(tmp_path, monkeypatch):
 
 def test_hopper_backward_narrow_head_dims(tmp_path, monkeypatch):
     """narrow ("_h96"): head dims 72-96 computed as 96, not 128, in 64-byte swizzled Q/dO boxes, 32-byte K/V rows
-    and 16-column dQ boxes; compiles without spills, each warpgroup's dQ one N = 48 wgmma per k-step."""
+    and 16-column dQ boxes; compiles without spills, each warpgroup's dQ one N = 48 wgmma per k-step. 136-192
+    computed as 192 rather than 256, split into 96-column halves in 64-byte swizzled rows."""
     from flash_gen.spec_bwd import BwdKey
-    from flash_gen.spec_bwd_sm90 import (Sm90BwdConfig, sm90_bwd_config_from_name, sm90_bwd_dq_box_cols,
-                                         sm90_bwd_head_dim, sm90_bwd_infeasible_reason, sm90_bwd_smem_bytes)
+    from flash_gen.spec_bwd_sm90 import (Sm90BwdConfig, sm90_bwd_box_cols, sm90_bwd_config_from_name,
+                                         sm90_bwd_dq_box_cols, sm90_bwd_head_dim, sm90_bwd_infeasible_reason,
+                                         sm90_bwd_smem_bytes)
 
     monkeypatch.setenv("FLASH_GEN_CACHE_DIR", str(tmp_path))
     cfg = Sm90BwdConfig(64, 128, overlap=True, dq_bulk=True, narrow=True)
@@ -363,9 +368,14 @@ def test_hopper_backward_narrow_head_dims(tmp_path, monkeypatch):
         # 32 columns fewer of Q and dO (two buffers each), K and V in bf16 and of the fp32 dQ staging
         saved = 2 * 32 * (4 * 64 + 2 * 128) + 4 * 64 * 32
         assert sm90_bwd_smem_bytes(key, wide) - sm90_bwd_smem_bytes(key, cfg) == saved
-    assert (sm90_bwd_dq_box_cols(96), sm90_bwd_dq_box_cols(128)) == (16, 32)
+    assert (sm90_bwd_dq_box_cols(96), sm90_bwd_dq_box_cols(128), sm90_bwd_dq_box_cols(192)) == (16, 32, 32)
+    assert [sm90_bwd_box_cols(d) for d in (64, 96, 128, 192, 256)] == [64, 32, 64, 32, 64]
     for hd in (64, 104, 128):
         assert "narrow" in sm90_bwd_infeasible_reason(BwdKey("sm90", "bf16", hd), cfg)
+    split = Sm90BwdConfig(64, 64, dq_bulk=True, narrow=True)  # 136-192 computed as 192
+    assert "narrow" in sm90_bwd_infeasible_reason(BwdKey("sm90", "bf16", 200), split)
+    assert [sm90_bwd_head_dim(BwdKey("sm90", "bf16", d), split) for d in (136, 192)] == [192, 192]
+    assert sm90_bwd_infeasible_reason(BwdKey("sm90", "bf16", 160), split) is None
     assert "block_m" in sm90_bwd_infeasible_reason(BwdKey("sm90", "bf16", 96), Sm90BwdConfig(80, 128, dq_bulk=True,
                                                                                               narrow=True))
     # keys without tuned entries take those of the head dim whose kernels they share: 72-88 96's, 104-120 128's
@@ -377,7 +387,7 @@ def test_hopper_backward_narrow_head_dims(tmp_path, monkeypatch):
     for hd, want in ((72, cfg), (88, cfg), (96, cfg), (104, None), (64, None)):
         assert tuned.tuned_config(BwdKey("sm90", "bf16", hd, "none"), "s>4k") == want, hd
     assert tuned.computed_key(BwdKey("sm90", "bf16", 120)).head_dim == 128 and tuned.computed_key(key96) is None
-    assert tuned.computed_key(BwdKey("sm90", "bf16", 160)) is None  # the portable backward's
+    assert tuned.computed_key(BwdKey("sm90", "bf16", 160)).head_dim == 256
     (c,) = batches.compile_batch([(BwdKey("sm90", "bf16", 80, "none"), cfg)])
     assert c.error is None, c.error
     assert c.ok, f"{c.entry}: spills or serialised wgmmas"

@@ -27,8 +27,7 @@ from flash_gen.runtime.score_params import (
 )
 from flash_gen.spec import bucket_name
 from flash_gen.spec_bwd import BwdKey
-from flash_gen.spec_bwd_sm90 import Sm90BwdConfig, sm90_bwd_dq_box_cols
-from flash_gen.spec_sm90 import sm90_box_cols
+from flash_gen.spec_bwd_sm90 import Sm90BwdConfig, sm90_bwd_box_cols, sm90_bwd_dq_box_cols
 from flash_gen.tuned import tuned_config
 
 _AUX_THREADS, _AUX_ROWS = 128, 32  # kAuxThreads, kAuxRows in templates/include/flash_gen/bwd_aux.cuh
@@ -95,7 +94,7 @@ class _Variant:
     def __init__(self, key: BwdKey, cfg: BwdTiling, device: int) -> None:
         self.cfg, self.smem, self.head_dim_mma = cfg, bwd_tilings.smem_bytes(key, cfg), bwd_tilings.head_dim_mma(key, cfg)
         hopper = isinstance(cfg, Sm90BwdConfig)
-        self.box_cols = sm90_box_cols(self.head_dim_mma) if hopper else 0
+        self.box_cols = sm90_bwd_box_cols(self.head_dim_mma) if hopper else 0
         self.dq_box_cols = sm90_bwd_dq_box_cols(self.head_dim_mma) if hopper else 0
         self.main = loader.get_kernel(lambda: render_many([(key, cfg)]), entry_name(key, cfg), key.arch, self.smem,
                                       device)

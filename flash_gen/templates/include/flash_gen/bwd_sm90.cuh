@@ -89,7 +89,7 @@ struct Sm90BwdTraits {
   static_assert(!kDqTransposed || (kHeadDim_ == 128 && kDqBulk && kBlockM_ % 16 == 0));
   // fp32 columns of a dQ box, one swizzle row: 32 (128 bytes), or at head dim 96 16 (64 bytes), since each
   // warpgroup's dQ wgmma covers 48 columns, which must be whole boxes for the accumulators to partition the buffer.
-  static constexpr int kDqBoxCols = kHeadDim % 64 == 0 ? 32 : 16;
+  static constexpr int kDqBoxCols = (kHeadDim / 2) % 32 == 0 ? 32 : 16;
   // P^T's exponentials while the dP^T GEMM computes (S^T waited for alone), dS^T after it. At head dim 64 that
   // measured +3% fwd+bwd without a mask and level causal; at 128 -1..-2% (H200, 2026-12-04, docs/hopper_backward.md).
   // Not with softcap, whose dS^T needs each score's tanh, gone by then.
@@ -116,14 +116,17 @@ struct Sm90BwdTraits {
                            make_layout(Shape<Int<kHeadDim>, Int<kBlockM>>{}, Stride<Int<kBlockM>, _1>{}))),
       SmemLayoutdQTile>;
   static_assert((kHeadDim % 64 == 0 || kHeadDim == 96) && kHeadDim <= 256);
+  // Columns of each warpgroup's dK/dV GEMM (its N: the whole head dim, or split half of it), whose MN-major B
+  // operands (Q^T, dO^T) must be whole swizzle atoms: 96 (head dim 96, or 192 split) takes 32-column ones.
+  static constexpr int kDkvCols = kSplitHeadDim ? kHeadDim / 2 : kHeadDim;
   // A TMA box row is one swizzle row: 64 columns (128 bytes), or at head dim 96 32 (64 bytes; its rows are three such
   // boxes, and the K-major atom seen head-dim-major is the MN-major 64-byte one the dK/dV GEMMs read).
-  static constexpr int kBoxCols = kHeadDim % 64 == 0 ? 64 : 32;
+  static constexpr int kBoxCols = kDkvCols % 64 == 0 ? 64 : 32;
   using SmemAtom = cute::conditional_t<kBoxCols == 64, GMMA::Layout_K_SW128_Atom<Element>,
                                        GMMA::Layout_K_SW64_Atom<Element>>;
   // K and V (loaded by cp.async, any swizzle): at head dim 96 in 32-byte swizzle rows of 16 columns, since K^T is
   // the MN-major B operand of each warpgroup's 48 dQ columns, a whole number of such atoms but not of 32-column ones.
-  using SmemAtomKV = cute::conditional_t<kBoxCols == 64, SmemAtom, GMMA::Layout_K_SW32_Atom<Element>>;
+  using SmemAtomKV = cute::conditional_t<(kHeadDim / 2) % 32 == 0, SmemAtom, GMMA::Layout_K_SW32_Atom<Element>>;
   using SmemLayoutQ =  // Q and dO: (queries, head dim, stage)
       decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStages>>{}));
   using SmemLayoutK = decltype(tile_to_shape(SmemAtomKV{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));  // K and V
