@@ -17,8 +17,8 @@ BwdTiling = Union[BwdConfig, Sm90BwdConfig]
 
 def default_configs(key: BwdKey) -> tuple[BwdTiling, ...]:
     """`key`'s chain of default tilings, fastest first: the Hopper kernel where it supports `key` (1.2x the
-    portable kernel's fwd+bwd at head dim 128 on the H200, docs/benchmarks.md), at head dims 72-96 its narrow
-    (_h96) form ahead of the 128-wide chain that follows; with bulk dQ, the same with
+    portable kernel's fwd+bwd at head dim 128 on the H200, docs/benchmarks.md), at head dims 72-96 and 136-192
+    its narrow (_h96) form ahead of the wide chain that follows; with bulk dQ, the same with
     decoupled warpgroups, which keep the dK/dV overlap where the coupled form spills (packed causal batches at
     head dims 96-128: +1.2-1.6% fwd+bwd at 128 over the tiling without the overlap, H200 2026-12-04); then
     without the overlap; then (after 128- or 80-query steps) the 64-query tiling and its own fallbacks; with bulk
@@ -27,7 +27,7 @@ def default_configs(key: BwdKey) -> tuple[BwdTiling, ...]:
     need fewer registers: at head dim 128, causal, in a packed batch both bulk tilings spill 4-28 B (NVRTC 13.0,
     2026-12-04), and the portable kernel that then ran gave 0.53x the fwd+bwd of `wgbm64n128o`."""
     tiles = [spec_bwd_sm90.default_sm90_bwd_config(key)]
-    if tiles[-1].narrow:  # should a narrow form spill, the 128-wide tilings follow
+    if tiles[-1].narrow:  # should a narrow form spill, the wide tilings follow
         tiles.append(spec_bwd_sm90.default_sm90_bwd_config(key, narrow=False))
     if tiles[-1].block_m != 64:
         tiles.append(spec_bwd_sm90.default_sm90_bwd_config(key, False, narrow=False))

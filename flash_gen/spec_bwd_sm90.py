@@ -82,10 +82,10 @@ def sm90_bwd_computed_key(key: BwdKey, cfg: Sm90BwdConfig) -> BwdKey:
 
 
 def sm90_bwd_tuned_key(key: BwdKey) -> BwdKey | None:
-    """The key whose tuned entries `key` takes where it has none of its own: that of the smallest of 64, 96, 128 and
-    256 that holds its head dim, as both run the same kernel under every tiling (64, 128 or 256 wide, or narrow 96
-    at 72-96)."""
-    return replace(key, head_dim=next(h for h in (64, 96, 128, 256) if key.head_dim <= h))
+    """The key whose tuned entries `key` takes where it has none of its own: that of the smallest of 64, 96, 128, 192
+    and 256 that holds its head dim, as both run the same kernel under every tiling (64, 128 or 256 wide, or narrow
+    96 at 72-96 and 192 at 136-192)."""
+    return replace(key, head_dim=next(h for h in (64, 96, 128, 192, 256) if key.head_dim <= h))
 
 
 def split_head_dim(key: BwdKey) -> bool:
@@ -110,14 +110,15 @@ def default_sm90_bwd_config(key: BwdKey, wide_steps: bool = True, narrow: bool =
     causal at head dim 128 -1..-3% at 2k, +0..2% at 4k-8k, windows -0.5..-1%; with ALiBi or in a packed batch the
     80-query steps spill 4-44 B, and with dropout (the keep bits) 100-416 B at head dims 64 and 128 (NVRTC 13.0,
     2026-12-05), so dropout keys start at 64-query steps rather than compile wider ones bound to spill.
-    `wide_steps` False: the 64-query tiling those wider steps fall back to. Head dims 72-96 take the `narrow` (_h96)
-    tiling unless `narrow` is False, with bulk dQ without the overlap: fwd+bwd +1-14% over the 128-wide defaults and
-    ahead of the `o` and `od` forms in every cell (H100, 2k-8k, causal and not, 2026-12-05, docs/hopper_backward.md);
-    not yet with ALiBi or deterministic dQ."""
-    # ALiBi and ordered (deterministic) dQ keep the 128-wide tilings until their narrow GPU cases have run
-    if narrow and narrow_head_dim(key.head_dim) == 96 and not key.alibi and not key.deterministic:
-        return Sm90BwdConfig(64, 128, dq_bulk=True, narrow=True)
+    `wide_steps` False: the 64-query tiling those wider steps fall back to. Head dims 72-96 and 136-192 take the
+    `narrow` (_h96) tiling unless `narrow` is False, with bulk dQ without the overlap: fwd+bwd +1-14% over the
+    128-wide defaults at 72-96 and ahead of the `o` and `od` forms in every cell (H100, 2k-8k, causal and not,
+    2026-12-05), at 160-192 +11-15% over computing them as 256 and level with the `o` form (H100, 2k and 8k,
+    2026-12-06; docs/hopper_backward.md). Ordered dQ there takes the overlap as the wide tilings do."""
     bulk = not key.deterministic
+    if narrow and narrow_head_dim(key.head_dim):
+        overlap = not bulk and key.mask == "none" and not key.varlen
+        return Sm90BwdConfig(64, 64 if split_head_dim(key) else 128, overlap, bulk, narrow=True)
     d = sm90_bwd_head_dim(key)
     overlap = d <= 64 or bulk or (key.mask == "none" and not key.varlen)
     # with ALiBi, 128-query steps spill 28-80 B; with dropout, 100-416 B

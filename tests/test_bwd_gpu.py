@@ -61,7 +61,8 @@ def _cases() -> list[Case]:
     cases += [Case("bf16", 64, 300, 500, 2, 6, 2, "causal", deterministic=True),
               Case("bf16", 128, 333, 333, 2, 4, 1, "win32_0", "softcap", deterministic=True),
               Case("bf16", 96, 211, 307, 2, 4, 2, "causal", "softcap"),  # sm90: its default spills, falls back
-              # head dims 136-248 computed as 256 (the warpgroups split it), columns past the tensors' zero-filled
+              # head dims 136-248, the warpgroups splitting them: 136-192 computed as 192 (narrow), 200-248 as 256,
+              # columns past the tensors' zero-filled
               Case("bf16", 192, 301, 457, 2, 4, 2, "causal", "alibi_bh"),
               Case("bf16", 160, 300, 500, 2, 4, 2, "none", deterministic=True),
               Case("fp16", 200, 257, 129, 2, 4, 1, "win32_0"),

@@ -245,8 +245,8 @@ def test_cli_compile_accepts_hopper_config_names():
 
 def test_hopper_backward_is_the_sm90_default_where_it_fits():
     """bwd_tilings.default_config: the Hopper backward for sm90 head dims up to 128 (computed as 64, 96 or 128)
-    and 136-256 (computed as 256, the head dim split over 64-key tiles) without softcap, softcap or not up to 128,
-    ALiBi or not, dense or packed, deterministic or not; the portable backward everywhere else."""
+    and 136-256 (computed as 192 or 256, the head dim split over 64-key tiles) without softcap, softcap or not up
+    to 128, ALiBi or not, dense or packed, deterministic or not; the portable backward everywhere else."""
     from flash_gen import spec, spec_bwd
     from flash_gen.spec_bwd import BwdKey
     from flash_gen.spec_bwd_sm90 import default_sm90_bwd_config
@@ -263,13 +263,22 @@ def test_hopper_backward_is_the_sm90_default_where_it_fits():
     hopper += [BwdKey("sm90", dt, hd, m, dropout=True) for dt in ("bf16", "fp16") for hd in (64, 128, 256)
                for m in ("none", "causal")]
     hopper += [BwdKey("sm90", "bf16", 160, "none"), BwdKey("sm90", "bf16", 192, "causal", alibi=True),
-               BwdKey("sm90", "fp16", 224, "local", dropout=True)]  # 136-248 computed as 256
+               BwdKey("sm90", "bf16", 176, "none", deterministic=True),
+               BwdKey("sm90", "bf16", 144, "causal", varlen=True),
+               BwdKey("sm90", "fp16", 224, "local", dropout=True)]  # 136-192 computed as 192, 200-248 as 256
     portable = [BwdKey("sm80", "bf16", 128, "none"), BwdKey("sm100", "bf16", 64, "causal"),
                 BwdKey("sm90", "bf16", 192, "causal", softcap=True), BwdKey("sm90", "bf16", 256, "none", softcap=True)]
     assert all(bwd_tilings.default_config(k) == default_sm90_bwd_config(k) for k in hopper)
-    # head dims 72-96 compute as 96 (narrow), with bulk dQ without the overlap (not yet with ALiBi or ordered dQ)
-    narrow = [k for k in hopper if 64 < k.head_dim <= 96 and not k.alibi and not k.deterministic]
-    assert {default_sm90_bwd_config(k).name for k in narrow} == {"wgbm64n128b_h96"}
+    # head dims 72-96 compute as 96 and 136-192 as 192 (narrow), with bulk dQ without the overlap; ordered dQ
+    # overlaps on dense unmasked batches as the wide tilings do
+    narrow = [k for k in hopper if 64 < k.head_dim <= 96 or 128 < k.head_dim <= 192]
+    assert {default_sm90_bwd_config(k).name for k in narrow if not k.deterministic} == {"wgbm64n128b_h96",
+                                                                                       "wgbm64n64b_h96"}
+    assert {default_sm90_bwd_config(k).name for k in narrow if k.deterministic} == {"wgbm64n128o_h96", "wgbm64n64o_h96",
+                                                                                   "wgbm64n128_h96"}
+    assert all(default_sm90_bwd_config(k).overlap == (k.mask == "none" and not k.varlen)
+               for k in narrow if k.deterministic)
+    assert all(default_sm90_bwd_config(k).block_n == (64 if k.head_dim > 128 else 128) for k in narrow)
     hopper = [k for k in hopper if k not in narrow]
     assert {default_sm90_bwd_config(k).name for k in hopper} == {
         "wgbm64n128", "wgbm64n128o", "wgbm64n128ob", "wgbm128n128ob", "wgbm80n128b", "wgbm64n64o", "wgbm64n64ob"}
@@ -378,7 +387,8 @@ def test_hopper_backward_narrow_head_dims(tmp_path, monkeypatch):
     assert sm90_bwd_infeasible_reason(BwdKey("sm90", "bf16", 160), split) is None
     assert "block_m" in sm90_bwd_infeasible_reason(BwdKey("sm90", "bf16", 96), Sm90BwdConfig(80, 128, dq_bulk=True,
                                                                                               narrow=True))
-    # keys without tuned entries take those of the head dim whose kernels they share: 72-88 96's, 104-120 128's
+    # keys without tuned entries take those of the head dim whose kernels they share: 72-88 96's, 104-120 128's,
+    # 136-184 192's, 200-248 256's
     db = tuned.TunedDb("sm90")
     monkeypatch.setattr(tuned, "shipped", lambda arch: db)
     key96 = BwdKey("sm90", "bf16", 96, "none")
@@ -387,7 +397,8 @@ def test_hopper_backward_narrow_head_dims(tmp_path, monkeypatch):
     for hd, want in ((72, cfg), (88, cfg), (96, cfg), (104, None), (64, None)):
         assert tuned.tuned_config(BwdKey("sm90", "bf16", hd, "none"), "s>4k") == want, hd
     assert tuned.computed_key(BwdKey("sm90", "bf16", 120)).head_dim == 128 and tuned.computed_key(key96) is None
-    assert tuned.computed_key(BwdKey("sm90", "bf16", 160)).head_dim == 256
+    assert tuned.computed_key(BwdKey("sm90", "bf16", 160)).head_dim == 192  # narrow 192's, none shipped
+    assert tuned.computed_key(BwdKey("sm90", "bf16", 200)).head_dim == 256
     (c,) = batches.compile_batch([(BwdKey("sm90", "bf16", 80, "none"), cfg)])
     assert c.error is None, c.error
     assert c.ok, f"{c.entry}: spills or serialised wgmmas"

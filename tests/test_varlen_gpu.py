@@ -63,7 +63,7 @@ def _cases() -> list[Case]:
               Case("bf16", 64, long_q, long_q, 16, 8, "causal", deterministic=True),
               Case("bf16", 128, long_q, long_k, 16, 8, "causal"),
               Case("bf16", 128, long_q, long_k, 16, 8, "none"),
-              Case("bf16", 192, ragged_q, ragged_k, 4, 2, "causal")]  # the Hopper backward computing 256
+              Case("bf16", 192, ragged_q, ragged_k, 4, 2, "causal")]  # the Hopper backward computing 192 (narrow)
     many = tuple(rng.choice((0, 1, 17, 64, 65, 150)) for _ in range(70))  # three 32-entry scan steps
     cases.append(Case("bf16", 64, many, tuple(reversed(many)), 2, 1, "causal"))
     # Hopper forward tilings the defaults do not reach (the defaults above run it on sm_90 too)

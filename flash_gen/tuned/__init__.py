@@ -98,7 +98,8 @@ def tuned_config(key, bucket: str):
     an entry of its own takes that of the head dim its kernel computes (spec_sm90.sm90_head_dim): 88 runs 128's
     GEMMs, so 128's tiling, with aligned rows (spec_sm90.aligned_if_misaligned). Keys whose rows sit differently in
     memory can differ more: 72 (as 80) has entries of its own. A Hopper backward key likewise takes those of the
-    head dim whose kernels it shares (spec_bwd_sm90.sm90_bwd_tuned_key: 72-88 96's, 104-120 128's)."""
+    head dim whose kernels it shares (spec_bwd_sm90.sm90_bwd_tuned_key: 72-88 96's, 104-120 128's,
+    136-184 192's, 200-248 256's)."""
     db = shipped(key.arch)
     cfg = db.live_config(key, bucket)
     computed = computed_key(key)
