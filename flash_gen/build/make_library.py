@@ -25,7 +25,7 @@ from flash_gen.gen import render
 # the chunks' (fwd_tilings.cache_chunk_runs_hopper).
 HEAD_DIMS = (64, 96, 128, 192, 256)
 # On sm90 the Hopper kernels serve the vision models' 72 and 80 with 80's forward kernels and 96's backward ones
-# (narrow; 128's with ALiBi or deterministic dQ; render.kernel_key), which costs a few forward kernels there; the
+# (narrow, ALiBi and deterministic dQ too; render.kernel_key), which costs a few forward kernels there; the
 # portable kernels specialise every head dim.
 HOPPER_HEAD_DIMS = HEAD_DIMS + (72, 80)
 DECODE_HEAD_DIMS = (64, 128)
