@@ -81,6 +81,7 @@ BWD_TILINGS = [
     (Case("fp16", 256, 200, 300, 2, 4, 2, "none", "alibi_h", p=0.3), "wgbm64n64o"),
     (Case("bf16", 80, 300, 517, 2, 4, 1, "none", p=0.2), "wgbm64n128ob_h96"),  # computed as 96
     (Case("bf16", 96, 517, 300, 2, 4, 2, "causal", p=0.25), "wgbm64n128obd_h96"),
+    (Case("bf16", 176, 300, 517, 2, 4, 2, "causal", p=0.2), "wgbm64n64b_h96"),  # computed as 192
     (Case("bf16", 128, 300, 300, 2, 4, 2, "none", p=0.3), "m64n64w8a422s2"),
     (Case("bf16", 64, 203, 113, 2, 4, 4, "causal", "softcap", p=0.5), "m64n128w8a244s2"),
 ]
