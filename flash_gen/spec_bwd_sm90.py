@@ -70,8 +70,8 @@ def sm90_bwd_head_dim(key: BwdKey, cfg: Sm90BwdConfig | None = None) -> int:
     zero-fill the columns past the tensors' head dim, the stores skip them), or under a `narrow` tiling (64-byte rows
     of 32 columns) 96 for head dims 72-96 and 192 for 136-192, a quarter less work in all five GEMMs than 128 or 256."""
     d = key.head_dim
-    if cfg is not None and cfg.narrow and narrow_head_dim(d):
-        return narrow_head_dim(d)
+    if cfg is not None and cfg.narrow and (narrowed := narrow_head_dim(d)):
+        return narrowed
     return 64 if d <= 64 else 128 if d <= 128 else 256
 
 
@@ -81,7 +81,7 @@ def sm90_bwd_computed_key(key: BwdKey, cfg: Sm90BwdConfig) -> BwdKey:
     return replace(key, head_dim=sm90_bwd_head_dim(key, cfg))
 
 
-def sm90_bwd_tuned_key(key: BwdKey) -> BwdKey | None:
+def sm90_bwd_tuned_key(key: BwdKey) -> BwdKey:
     """The key whose tuned entries `key` takes where it has none of its own: that of the smallest of 64, 96, 128, 192
     and 256 that holds its head dim, as both run the same kernel under every tiling (64, 128 or 256 wide, or narrow
     96 at 72-96 and 192 at 136-192)."""
@@ -89,8 +89,8 @@ def sm90_bwd_tuned_key(key: BwdKey) -> BwdKey | None:
 
 
 def split_head_dim(key: BwdKey) -> bool:
-    """Whether the warpgroups split the head dim (136-256, computed as 256: 64 keys per CTA, docs/hopper_backward.md)
-    rather than the keys (64 each of 128)."""
+    """Whether the warpgroups split the head dim (136-256, computed as 192 or 256: 64 keys per CTA,
+    docs/hopper_backward.md) rather than the keys (64 each of 128)."""
     return key.head_dim > 128
 
 
@@ -177,7 +177,7 @@ def sm90_bwd_infeasible_reason(key: BwdKey, cfg: Sm90BwdConfig) -> str | None:
     if key.softcap and split_head_dim(key):
         return "softcap: head dims up to 128 (split, warpgroup 1 forms dS^T without the scores' tanh)"
     if cfg.block_n != (64 if split_head_dim(key) else 128):
-        return "block_n: 64 when the warpgroups split the head dim (256), else 128"
+        return "block_n: 64 when the warpgroups split the head dim (136-256), else 128"
     if cfg.narrow and narrow_head_dim(key.head_dim) is None:
         return "narrow (_h96): head dims 72-96 and 136-192, computed as 96 and 192"
     d = sm90_bwd_head_dim(key, cfg)
