@@ -114,11 +114,9 @@ def default_sm90_bwd_config(key: BwdKey, wide_steps: bool = True, narrow: bool =
     `narrow` (_h96) tiling unless `narrow` is False, with bulk dQ without the overlap: fwd+bwd +1-14% over the
     128-wide defaults at 72-96 and ahead of the `o` and `od` forms in every cell (H100, 2k-8k, causal and not,
     2026-12-05), at 160-192 +11-15% over computing them as 256 and level with the `o` form (H100, 2k and 8k,
-    2026-12-06; docs/hopper_backward.md). Ordered dQ there takes the overlap as the wide tilings do. Not yet with
-    dropout at 136-192."""
+    2026-12-06; docs/hopper_backward.md). Ordered dQ there takes the overlap as the wide tilings do."""
     bulk = not key.deterministic
-    # dropout at 136-192 keeps 256's tilings until its narrow GPU case (tests/test_dropout_gpu.py) has run
-    if narrow and narrow_head_dim(key.head_dim) and not (key.dropout and split_head_dim(key)):
+    if narrow and narrow_head_dim(key.head_dim):
         overlap = not bulk and key.mask == "none" and not key.varlen
         return Sm90BwdConfig(64, 64 if split_head_dim(key) else 128, overlap, bulk, narrow=True)
     d = sm90_bwd_head_dim(key)

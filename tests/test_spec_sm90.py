@@ -279,8 +279,7 @@ def test_hopper_backward_is_the_sm90_default_where_it_fits():
     assert all(default_sm90_bwd_config(k).overlap == (k.mask == "none" and not k.varlen)
                for k in narrow if k.deterministic)
     assert all(default_sm90_bwd_config(k).block_n == (64 if k.head_dim > 128 else 128) for k in narrow)
-    # not yet with dropout at 136-192 (its narrow GPU case has not run): 256's split tiling
-    assert default_sm90_bwd_config(BwdKey("sm90", "bf16", 160, "causal", dropout=True)).name == "wgbm64n64ob"
+    assert default_sm90_bwd_config(BwdKey("sm90", "bf16", 160, "causal", dropout=True)).name == "wgbm64n64b_h96"
     hopper = [k for k in hopper if k not in narrow]
     assert {default_sm90_bwd_config(k).name for k in hopper} == {
         "wgbm64n128", "wgbm64n128o", "wgbm64n128ob", "wgbm128n128ob", "wgbm80n128b", "wgbm64n64o", "wgbm64n64ob"}
