@@ -158,10 +158,11 @@ def sm90_bwd_needs_extended_wgmma(key: BwdKey, cfg: Sm90BwdConfig) -> bool:
 def sm90_bwd_smem_bytes(key: BwdKey, cfg: Sm90BwdConfig) -> int:
     """Q, dO (two buffers each), K, V and dS tiles (2-byte elements), with bulk dQ the step's dQ in fp32 (32-column
     boxes, swizzled), when the head dim is split P^T (bulk dQ then stages each half of dQ in the step's Q and dO
-    buffers; with dropout a second P^T, signed), decoupled a second dS tile, then per buffer the tile's lse and
-    rowsum(dO*O) (4 floats more each: their bulk copies start at a 16-byte boundary) and mbarrier."""
+    buffers; with dropout or softcap a second P^T, signed or times 1 - tanh^2), decoupled a second dS tile, then per
+    buffer the tile's lse and rowsum(dO*O) (4 floats more each: their bulk copies start at a 16-byte boundary) and
+    mbarrier."""
     d, tile = sm90_bwd_head_dim(key, cfg), cfg.block_m * cfg.block_n
-    split = (4 if key.dropout else 2) * tile if split_head_dim(key) else 0
+    split = (4 if key.dropout or key.softcap else 2) * tile if split_head_dim(key) else 0
     dq = 4 * cfg.block_m * d if cfg.dq_bulk and not split else 0
     stats = 2 * 4 * (cfg.block_m + 4)
     ds = 2 * tile if cfg.decoupled else tile
@@ -172,8 +173,6 @@ def sm90_bwd_infeasible_reason(key: BwdKey, cfg: Sm90BwdConfig) -> str | None:
     """Why the Hopper backward cannot run `key` with `cfg` (None when it can)."""
     if key.arch != "sm90":
         return f"wgmma kernels are built for sm90, not {key.arch}"
-    if key.softcap and split_head_dim(key):
-        return "softcap: head dims up to 128 (split, warpgroup 1 forms dS^T without the scores' tanh)"
     if cfg.block_n != (64 if split_head_dim(key) else 128):
         return "block_n: 64 when the warpgroups split the head dim (136-256), else 128"
     if cfg.narrow and narrow_head_dim(key.head_dim) is None:

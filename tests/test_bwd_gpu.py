@@ -66,7 +66,10 @@ def _cases() -> list[Case]:
               Case("bf16", 192, 301, 457, 2, 4, 2, "causal", "alibi_bh"),
               Case("bf16", 160, 300, 500, 2, 4, 2, "none", deterministic=True),
               Case("fp16", 200, 257, 129, 2, 4, 1, "win32_0"),
-              Case("bf16", 232, 77, 1025, 1, 4, 4, "causal")]
+              Case("bf16", 232, 77, 1025, 1, 4, 4, "causal"),
+              # softcap there: warpgroup 1 forms dS^T from a second P^T, times 1 - tanh^2
+              Case("bf16", 176, 300, 517, 2, 4, 2, "causal", "softcap"),
+              Case("fp16", 256, 257, 129, 2, 4, 1, "none", "softcap")]
     return cases
 
 

@@ -12,7 +12,7 @@
 // one computes (completing on that buffer's mbarrier); K and V arrive once by cp.async; a barrier ends each query
 // tile. Warp specialisation (a producer warp, no block-wide barriers) is the next step. Head dims up to 128,
 // computed as 64 or 128 (loads zero-fill the columns past the tensors' head dim, stores skip them), and 256 (the
-// warpgroups splitting the head dim, below); masks, ALiBi, softcap (unsplit), dropout, dense or packed ragged batches,
+// warpgroups splitting the head dim, below); masks, ALiBi, softcap, dropout, dense or packed ragged batches,
 // dQ additions in a fixed order when deterministic (bwd_dq.cuh).
 #pragma once
 #include "flash_gen/bwd_dq.cuh"
@@ -49,10 +49,9 @@ struct Sm90BwdTraits {
   static constexpr int kStages = 2;  // Q/dO buffers
   static constexpr Mask kMask = kMask_;
   // Softcap: S^T = tanh(S^T * score_scale) (scale_log2 carries the cap) and dS^T times 1 - tanh^2, with the
-  // forward's tanh.approx so P is the one it normalised. Unsplit only: the split head dim forms dS^T in warpgroup 1,
-  // which never sees the scores.
+  // forward's tanh.approx so P is the one it normalised. The split head dim forms dS^T in warpgroup 1, which never
+  // sees the scores: warpgroup 0 hands it P^T (1 - tanh^2) in a second P^T buffer.
   static constexpr bool kSoftcap = kSoftcap_;
-  static_assert(!kSoftcap || !kSplitHeadDim);
   static constexpr bool kAlibi = kAlibi_;
   static constexpr bool kVarlen = kVarlen_;
   static constexpr bool kDeterministic = kDeterministic_;
@@ -190,8 +189,10 @@ struct Sm90BwdTraits {
   static constexpr int kStatFloats = kBlockM + 4;
   static constexpr uint32_t kStageTxBytes =  // Q and dO tiles, and the statistics
       2 * kBlockM * kHeadDim * sizeof(Element) + 2 * kStatFloats * sizeof(float);
-  // Split: P^T, the operand of dV (and where warpgroup 1 reads P^T back for dS^T; with dropout, its signed copy).
-  static constexpr int kSplitBytes = kSplitHeadDim ? (kDropout ? 2 : 1) * kBlockN * kBlockM * int(sizeof(Element)) : 0;
+  // Split: P^T, the operand of dV (and where warpgroup 1 reads P^T back for dS^T), and with dropout or softcap the
+  // second P^T warpgroup 1 reads instead: signed by the keep bits, times 1 - tanh^2.
+  static constexpr bool kSecondPt = kSplitHeadDim && (kDropout || kSoftcap);
+  static constexpr int kSplitBytes = kSplitHeadDim ? (kSecondPt ? 2 : 1) * kBlockN * kBlockM * int(sizeof(Element)) : 0;
   // Q, dO, K, V and dS; the bulk dQ buffer follows, at the 1024-byte alignment its 128-byte swizzle assumes.
   static constexpr int kTileBytes = int(sizeof(Element)) *
       (2 * kStages * kBlockM * kHeadDim + 2 * kBlockN * kHeadDim + kDsStages * kBlockM * kBlockN);
@@ -476,6 +477,8 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
             if constexpr (decltype(with_dp)::value) {
               ds_element(acc_s, acc_dp, i + j, j ? dsum2.y : dsum2.x);
               if constexpr (T::kSoftcap) acc_dp(i + j) *= 1.f - t * t;
+            } else if constexpr (T::kSplitHeadDim && T::kSoftcap) {  // warpgroup 1's factor of dS^T
+              acc_dp(i + j) = pt * (1.f - t * t);
             }
           }
         }
@@ -515,14 +518,18 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
       };
       if constexpr (T::kSplitHeadDim) {
         Tensor sPt = make_tensor(make_smem_ptr(smem_pt), typename T::SmemLayoutPt{});
-        // Dropout: P^T with the dropped scores negated, what warpgroup 1 forms dS^T from (sPt holds them as 0).
-        Tensor sPs = make_tensor(make_smem_ptr(smem_pt + (T::kDropout ? kBlockN * kBlockM : 0)),
+        // What warpgroup 1 forms dS^T from: P^T, or in the second buffer P^T times 1 - tanh^2 (softcap) with the
+        // dropped scores negated (dropout; sPt holds them as 0).
+        Tensor sPs = make_tensor(make_smem_ptr(smem_pt + (T::kSecondPt ? kBlockN * kBlockM : 0)),
                                  typename T::SmemLayoutPt{});
         Tensor sdSt = make_tensor(make_smem_ptr(smem_ds), typename T::SmemLayoutPt{});
         // The inverse of ds_store, P^T from shared memory into the S^T accumulators' positions.
         auto pt_load = make_tiled_copy_C(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, mma_sdp);
         auto thr_pt_load = pt_load.get_thread_slice(tidx % 128);
         Tensor acc = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
+        // sPs's source: P^T itself, or under softcap P^T (1 - t^2) in acc_g
+        Tensor acc_g = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
+        auto& acc_ps = [&]() -> auto& { if constexpr (T::kSoftcap) return acc_g; else return acc; }();
         if (wg == 0) {
           wgmma_issue<true>(mma_sdp, tSrK, tSrQ, acc);
         } else {
@@ -534,7 +541,7 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
         warpgroup_fence_operand(acc);
         Tensor frag = make_tensor<Element>(acc.layout());
         if (wg == 0) {
-          softmax_grad_step(acc, acc, cute::false_type{});
+          softmax_grad_step(acc, acc_ps, cute::false_type{});
         } else if constexpr (!T::kDropout) {  // dP^T - rowsum(dO * O) while warpgroup 0 forms P^T
           const int q0 = get<1>(cS(0));
           CUTE_UNROLL
@@ -544,14 +551,18 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
             acc(i + 1) -= dsum2.y;
           }
         }
-        if (wg == 0) {  // P^T, the operand of dV and of warpgroup 1's dS^T
-          if constexpr (T::kDropout) {  // the signed copy, then dV's kept and scaled P^T
-            CUTE_UNROLL
-            for (int i = 0; i < size(acc); ++i) acc(i) = kept_bit(keep, i) ? acc(i) : -acc(i);
-            convert_pairs(acc, frag);
+        if (wg == 0) {  // P^T, the operand of dV (and, without a second buffer, of warpgroup 1's dS^T)
+          if constexpr (T::kSecondPt) {  // warpgroup 1's copy (signed under dropout), then dV's kept and scaled P^T
+            if constexpr (T::kDropout) {
+              CUTE_UNROLL
+              for (int i = 0; i < size(acc); ++i) acc_ps(i) = kept_bit(keep, i) ? acc_ps(i) : -acc_ps(i);
+            }
+            convert_pairs(acc_ps, frag);
             copy(ds_store, thr_ds_store.retile_S(frag), thr_ds_store.partition_D(sPs));
-            CUTE_UNROLL
-            for (int i = 0; i < size(acc); ++i) acc(i) = fmaxf(acc(i), 0.f) * p.dropout_scale;
+            if constexpr (T::kDropout) {
+              CUTE_UNROLL
+              for (int i = 0; i < size(acc); ++i) acc(i) = kept_bit(keep, i) ? acc(i) * p.dropout_scale : 0.f;
+            }
           }
           convert_pairs(acc, frag);
           copy(ds_store, thr_ds_store.retile_S(frag), thr_ds_store.partition_D(sPt));
@@ -569,6 +580,7 @@ __device__ __forceinline__ void bwd_sm90_kernel(Sm90BwdParams const& sp) {
         } else {  // dS^T = P^T (dP^T - rowsum(dO * O)), P^T read back by ldmatrix into warpgroup 0's positions
           copy(pt_load, thr_pt_load.partition_S(sPs), thr_pt_load.retile_D(frag));
           if constexpr (T::kDropout) {  // dS^T = |P^T| (Z dP^T / (1 - p) - rowsum(dO * O)), Z from P^T's sign
+            // (softcap: |P^T (1 - t^2)|)
             const int q0 = get<1>(cS(0));
             CUTE_UNROLL
             for (int i = 0; i < size(acc); i += 2) {
