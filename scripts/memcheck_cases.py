@@ -61,22 +61,23 @@ def varlen_paged_cases() -> int:
 def dense_backward_cases(dropout_p: float = 0.0) -> int:
     """GQA, seqlen_q above and below seqlen_k, single rows, every mask kind (the Hopper backward's keys and the
     portable one's), with dropout when `dropout_p` > 0."""
-    cases = [  # head dim, batch, seqlen_q, seqlen_k, heads, KV heads, causal, window
-        (64, 2, 301, 777, 6, 2, False, (-1, -1)),
-        (64, 1, 777, 301, 4, 4, True, (-1, -1)),
-        (128, 2, 130, 513, 4, 1, False, (64, 64)),
-        (128, 3, 1, 1, 2, 2, False, (-1, -1)),
-        (128, 1, 799, 3, 2, 1, True, (-1, -1)),
-        (64, 2, 200, 200, 2, 2, False, (-1, 17)),
-        (96, 2, 301, 513, 4, 2, True, (-1, -1)),  # the narrow (_h96) default: 64-byte swizzled Q/dO, 16-column dQ
-        (72, 1, 257, 129, 4, 2, False, (-1, -1)),  # forward as 80, backward as 96; KV head 1: rows off sectors
-        (256, 2, 301, 777, 4, 2, False, (-1, -1)),  # split head dim: dQ halves staged in the dS/P^T and Q buffers
-        (256, 1, 777, 301, 2, 1, True, (-1, -1)),
+    cases = [  # head dim, batch, seqlen_q, seqlen_k, heads, KV heads, causal, window, softcap
+        (64, 2, 301, 777, 6, 2, False, (-1, -1), 0.0),
+        (64, 1, 777, 301, 4, 4, True, (-1, -1), 0.0),
+        (128, 2, 130, 513, 4, 1, False, (64, 64), 0.0),
+        (128, 3, 1, 1, 2, 2, False, (-1, -1), 0.0),
+        (128, 1, 799, 3, 2, 1, True, (-1, -1), 0.0),
+        (64, 2, 200, 200, 2, 2, False, (-1, 17), 0.0),
+        (96, 2, 301, 513, 4, 2, True, (-1, -1), 0.0),  # the narrow (_h96) default: 64-byte swizzled Q/dO, 16-col dQ
+        (72, 1, 257, 129, 4, 2, False, (-1, -1), 0.0),  # forward as 80, backward as 96; KV head 1: rows off sectors
+        (256, 2, 301, 777, 4, 2, False, (-1, -1), 0.0),  # split head dim: dQ halves staged in the dS/P^T and Q buffers
+        (256, 1, 777, 301, 2, 1, True, (-1, -1), 0.0),
+        (192, 2, 211, 300, 4, 2, True, (-1, -1), 30.0),  # split, narrow, softcap: the second P^T buffer
     ]
-    for d, b, sq, sk, h, hk, causal, window in cases:
+    for d, b, sq, sk, h, hk, causal, window, softcap in cases:
         q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         k, v = (torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
-        out = flash_attn_func(q, k, v, dropout_p=dropout_p, causal=causal, window_size=window)
+        out = flash_attn_func(q, k, v, dropout_p=dropout_p, causal=causal, window_size=window, softcap=softcap)
         out.backward(torch.randn_like(out))
     return len(cases)
 
