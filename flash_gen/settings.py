@@ -70,6 +70,12 @@ def no_jit() -> bool:
     return _flag("FLASH_GEN_NO_JIT")
 
 
+def no_stream_k() -> bool:
+    """FLASH_GEN_NO_STREAM_K: persistent Hopper forwards run whole tiles in their last round too (for A/B runs;
+    read when a call's shapes are first planned)."""
+    return _flag("FLASH_GEN_NO_STREAM_K")
+
+
 def fwd_config() -> str | None:
     """FLASH_GEN_FWD_CONFIG: a forward config name to use instead of the default, or None."""
     return os.environ.get("FLASH_GEN_FWD_CONFIG", "").strip() or None

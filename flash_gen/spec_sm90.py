@@ -133,6 +133,50 @@ def sm90_config_from_name(name: str) -> Sm90FwdConfig | None:
                          int(m[8] or 1), bool(m[7]))
 
 
+STREAM_K_MIN_STEPS = 4  # key steps of a stream-K piece at least: each piece's partial costs its owner a merge
+# Stream-K only where whole tiles would take this much longer by the round count: the gain measured a third to a
+# half of that (H100, 2026-12-06: 1.06-1.20x where it predicts 1.14-1.6x; level where 1.02-1.03x).
+STREAM_K_MIN_GAIN = 1.08
+
+
+def sm90_stream_k(key: FwdKey, cfg: Sm90FwdConfig) -> bool:
+    """Whether the Hopper kernel of `key` with `cfg` shares the key steps of a partial last round (stream-K, the
+    kernel's kStreamK; the runtime's StreamKPlan says when): persistent CTAs without clusters on unmasked dense
+    keys, where every tile takes the same key steps, without dropout. Not with softcap, ALiBi, packed heads or
+    aligned rows either: their kernels spilled with it (8-56 bytes at head dims 64, 216 and 256, 2026-12-06)."""
+    return (cfg.persistent and cfg.cluster == 1 and not cfg.align and key.mask == "none" and not key.dropout
+            and not (key.softcap or key.alibi or key.pack_gqa) and not key.varlen and not key.split
+            and key.kv == "dense")
+
+
+@dataclass(frozen=True)
+class StreamKPlan:
+    """How a launch of a stream-K kernel (sm90_stream_k) shares its tiles (the kernel's sm90_work_of_round):
+    `rounds` of whole tiles over `ctas` CTAs, then the `left` tiles' `steps` key steps each in chunks of `chunk`
+    per CTA (0: the left tiles whole, as without stream-K)."""
+
+    ctas: int
+    rounds: int
+    left: int
+    steps: int
+    chunk: int
+
+
+def stream_k_plan(tiles: int, slots: int, steps: int, allow: bool = True) -> StreamKPlan:
+    """The stream-K split of `tiles` query tiles of `steps` key steps over at most `slots` resident CTAs. Where the
+    tiles do not fill whole rounds, the last round keeps some CTAs a whole tile while the others idle: stream-K
+    gives each CTA ceil(left x steps / slots) of the left tiles' steps instead (at least STREAM_K_MIN_STEPS), where
+    the round count says that pays (STREAM_K_MIN_GAIN): few rounds with a small remainder, as batch-1 prefills
+    have; with fewer tiles than slots, all of them shared so (every slot launched). Else (or not `allow`) whole
+    tiles, as many CTAs as there are tiles or slots."""
+    left, rounds = tiles % slots, tiles // slots
+    chunk = max(-(-left * steps // slots), STREAM_K_MIN_STEPS) if left and allow else 0
+    if not chunk or chunk >= steps or (rounds + 1) < STREAM_K_MIN_GAIN * (rounds + chunk / steps):
+        ctas = max(1, min(tiles, slots))
+        return StreamKPlan(ctas, tiles // ctas, tiles % ctas, steps, 0)
+    return StreamKPlan(slots, rounds, left, steps, chunk)
+
+
 def _smem_limit(key: FwdKey, cfg: Sm90FwdConfig) -> int:
     """Shared memory one CTA may take: the per-block maximum, or its share of the SM."""
     return min(MAX_SMEM_PER_BLOCK[key.arch], SMEM_PER_SM[key.arch] // cfg.ctas_per_sm - SMEM_RESERVED_PER_CTA)

@@ -151,6 +151,8 @@ def variants(arch: str,
             key = FwdKey(arch, dtype, d, mask, "softcap" in feats, feature.startswith("alibi"),
                          pack_gqa="pack" in feats)
             out.add((key, config_from_name(name)))
+        for dtype, d, name, *_ in ts.SK_CASES:
+            out.add((FwdKey(arch, dtype, d, "none"), config_from_name(name)))
         for d, mask, name in itertools.product((64, 128, 256), ("none", "causal"), SM90_BENCH_CONFIGS):
             key, cfg = FwdKey(arch, "bf16", d, mask), config_from_name(name)
             if infeasible_reason(key, cfg) is None:

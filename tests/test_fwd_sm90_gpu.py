@@ -189,6 +189,80 @@ def test_sm90_forward_matches_reference(case):
     assert lse_err.numel() == 0 or lse_err.max().item() <= 1e-3, f"{where}: lse off by {lse_err.max().item():.3e}"
 
 
+# Stream-K (persistent tilings on unmasked keys) on shapes whose last round is partial: heads chosen so that the
+# query tiles come to `rounds` whole rounds of the GPU's resident CTAs plus `left` tiles, whose key steps the CTAs
+# then share.
+SK_CASES = [  # dtype, head dim, config, batch, seqlen_q, seqlen_k, nheads_k, group, rounds, left, feature
+    # (query heads: enough for the tiles, rounded up to whole groups of every KV head)
+    # 7 key steps in chunks of 4: pieces cross tile boundaries (a CTA's second piece starts the next tile)
+    ("bf16", 128, "wgm128n128s2p_persist", 1, 1000, 777, 17, 1, 1, 4, ""),
+    ("fp16", 128, "wgm128n128s2_persist", 2, 517, 2100, 8, 2, 2, 9, "rising"),
+    # head dim 256, O staged in the V ring (the contributors' rounds still free it)
+    ("bf16", 256, "wgm128n64s2_persist", 3, 300, 1500, 4, 1, 2, 60, ""),
+    ("bf16", 64, "wgm192n128s3_persist", 2, 777, 2000, 16, 1, 1, 20, ""),  # three consumer warpgroups
+    ("fp16", 96, "wgm128n128s2_persist", 1, 300, 1000, 3, 1, 0, 40, ""),  # fewer tiles than CTAs
+    ("bf16", 128, "wgm128n128s2_persist", 2, 37, 1300, 2, 8, 0, 50, ""),  # GQA, few query positions
+]
+
+
+@pytest.mark.parametrize("case", SK_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_sm90_stream_k_matches_reference(case):
+    """Stream-K shares the last round's key steps: the result must match the reference (and come out the same
+    on a second call, which reuses the flags the first left at multiples of 256)."""
+    from flash_gen.runtime import driver
+    from flash_gen.runtime.fwd import plan_fwd
+
+    dtype, d, name, b, sq, sk, hk, group, rounds, left, feature = case
+    cfg = sm90_config_from_name(name)
+    slots = driver.sm_count(torch.cuda.current_device()) * cfg.ctas_per_sm
+    heads = -(-(rounds * slots + left) // (b * -(-sq // cfg.block_m)))
+    h = -(-heads // (hk * group)) * hk * group
+    seed = fresh_seed()
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v = (torch.randn(b, s, n, d, generator=gen, device="cuda", dtype=DTYPES[dtype])
+               for s, n in ((sq, h), (sk, h // group), (sk, h // group)))
+    if feature == "rising":
+        k = k * torch.linspace(0.25, 6.0, sk, device="cuda", dtype=torch.float32)[None, :, None, None].to(k.dtype)
+    args = validate_fwd(q, k, v, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None)
+    plan = plan_fwd(q, k, v, softmax_scale=args.softmax_scale, causal=False, window_size=args.window_size,
+                    softcap=0.0, alibi_slopes=None, config=cfg, pack_gqa=False)
+    where = f"{case} seed={seed} {plan.stream_k}"
+    assert plan.stream_k is not None and plan.stream_k.chunk > 0, f"{where}: stream-K not engaged"
+    out, lse = _run(q, k, v, cfg, False, (-1, -1))
+    assert not out.isnan().any(), f"{where}: {int(out.isnan().sum())} outputs never written (still NaN)"
+    ref = dict(scale=d**-0.5, causal=False, window=(-1, -1), softcap=0.0, alibi_slopes=None)
+    out64, lse64 = attention_ref(q, k, v, **ref, upcast=True)
+    out_low, _ = attention_ref(q, k, v, **ref, upcast=False)
+    err = (out.double() - out64).abs().max().item()
+    tol = 2 * (out_low.double() - out64).abs().max().item() + 1e-5
+    assert err <= tol, f"{where}: max|out - ref64| = {err:.3e} > {tol:.3e}"
+    lse_err = ((lse.double() - lse64).abs() / (1 + lse64.abs())).max().item()
+    assert lse_err <= 1e-3, f"{where}: lse off by {lse_err:.3e}"
+    again, lse_again = _run(q, k, v, cfg, False, (-1, -1))
+    assert torch.equal(again, out) and torch.equal(lse_again, lse), f"{where}: a second call differs"
+
+
+def test_sm90_stream_k_in_a_cuda_graph():
+    """A captured stream-K launch gets flags of its own, zeroed at every replay: replays match the eager call."""
+    cfg = sm90_config_from_name("wgm128n128s2p_persist")
+    gen = torch.Generator(device="cuda").manual_seed(fresh_seed())
+    q, k, v = (torch.randn(1, n, 17, 128, generator=gen, device="cuda", dtype=torch.bfloat16) for n in (1000, 777, 777))
+    eager, _ = _run(q, k, v, cfg, False, (-1, -1))
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        _run(q, k, v, cfg, False, (-1, -1))  # warm up (plans, kernels) outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, _ = _run(q, k, v, cfg, False, (-1, -1))
+    for _ in range(3):
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager)
+
+
 def test_sm90_same_shape_new_addresses_get_their_own_tma_maps():
     """The runtime keeps encoded TMA maps per shape and addresses: calls on live tensors of one shape at other
     addresses (and strided views) must each read their own inputs and write their own output."""

@@ -13,12 +13,16 @@ from flash_gen import bwd_tilings, fwd_tilings, tuned
 from flash_gen.build import batches
 from flash_gen.spec import FwdKey
 from flash_gen.spec_sm90 import (
+    STREAM_K_MIN_STEPS,
     Sm90FwdConfig,
+    StreamKPlan,
     default_sm90_config,
     sm90_config_from_name,
     sm90_infeasible_reason,
     sm90_o_in_v,
     sm90_smem_bytes,
+    sm90_stream_k,
+    stream_k_plan,
 )
 
 
@@ -56,6 +60,33 @@ def test_config_names_round_trip_and_other_names_are_not_sm90():
 def test_infeasible_reason_explains_rejections(key, cfg, reason):
     why = sm90_infeasible_reason(key, cfg)
     assert why is not None and reason in why
+
+
+def test_stream_k_shares_a_partial_last_round_by_key_steps():
+    # a batch-1 prefill, 9 heads of 2048 queries at head dim 128: 144 tiles of 16 key steps over 132 CTAs would
+    # take two rounds for 12 tiles; each CTA takes ceil(12 x 16 / 132) steps of those (at least STREAM_K_MIN_STEPS)
+    assert stream_k_plan(144, 132, 16) == StreamKPlan(132, 1, 12, 16, STREAM_K_MIN_STEPS)
+    assert stream_k_plan(288, 132, 36) == StreamKPlan(132, 2, 24, 36, 7)
+    assert stream_k_plan(100, 132, 16) == StreamKPlan(132, 0, 100, 16, 13)  # fewer tiles than CTAs: all launched
+    # whole tiles: rounds that come out even, too many rounds for the last to matter (head dim 128 at 2k in the
+    # benchmark's batches: 4096 tiles), a nearly full last round, tiles too short to share, or not allowed
+    assert stream_k_plan(264, 132, 16) == StreamKPlan(132, 2, 0, 16, 0)
+    assert stream_k_plan(4096, 132, 16) == StreamKPlan(132, 31, 4, 16, 0)
+    assert stream_k_plan(260, 132, 16) == StreamKPlan(132, 1, 128, 16, 0)
+    assert stream_k_plan(140, 132, 4) == StreamKPlan(132, 1, 8, 4, 0)
+    assert stream_k_plan(144, 132, 16, allow=False) == StreamKPlan(132, 1, 12, 16, 0)
+    assert stream_k_plan(100, 132, 16, allow=False) == StreamKPlan(100, 1, 0, 16, 0)
+    # which kernels share: persistent, no cluster, unmasked dense keys without dropout
+    persistent = Sm90FwdConfig(persistent=True)
+    assert sm90_stream_k(FwdKey("sm90", "bf16", 128), persistent)
+    assert sm90_stream_k(FwdKey("sm90", "fp16", 256), persistent)
+    assert not sm90_stream_k(FwdKey("sm90", "bf16", 128), Sm90FwdConfig())
+    assert not sm90_stream_k(FwdKey("sm90", "bf16", 128, softcap=True), persistent)
+    assert not sm90_stream_k(FwdKey("sm90", "bf16", 128, pack_gqa=True), persistent)
+    assert not sm90_stream_k(FwdKey("sm90", "bf16", 216), Sm90FwdConfig(96, persistent=True, align=True))
+    assert not sm90_stream_k(FwdKey("sm90", "bf16", 128), Sm90FwdConfig(persistent=True, cluster=2))
+    assert not sm90_stream_k(FwdKey("sm90", "bf16", 128, "causal"), persistent)
+    assert not sm90_stream_k(FwdKey("sm90", "bf16", 128, dropout=True), persistent)
 
 
 def test_varlen_defaults_run_one_cta_per_tile():
@@ -189,7 +220,7 @@ def test_renders_and_compiles_without_spills_on_wgmma(tmp_path, monkeypatch):
                 (FwdKey("sm90", "bf16", 128, "causal", pack_gqa=True), Sm90FwdConfig(pingpong=False, persistent=True)),
                 # head dim 80 exactly: 16-column boxes in a 32-byte swizzle, P V's N = 80 an extended shape
                 (FwdKey("sm90", "bf16", 80, "causal"), Sm90FwdConfig(112, block_m=192)),
-                # head dim 256's default where no mask bounds the keys: persistent, O staged in the V ring
+                # head dim 256's default where no mask bounds the keys: persistent, O staged in the V ring, stream-K
                 (FwdKey("sm90", "bf16", 256), Sm90FwdConfig(80, pingpong=False, persistent=True)),
                 # head dim 72 in 80's boxes with aligned rows: box columns shifted per KV head
                 (FwdKey("sm90", "bf16", 72, "causal"), Sm90FwdConfig(112, block_m=192, align=True))]
@@ -218,6 +249,8 @@ def test_renders_and_compiles_without_spills_on_wgmma(tmp_path, monkeypatch):
         assert (".multicast::cluster" in body) == (".reqnctapercluster 2, 1, 1" in body) == (c.cfg.cluster == 2)
         # aligned rows stage O in 8-column stmatrix blocks (rotated back per KV head), the others in 16-column ones
         assert ("stmatrix.sync.aligned.x2." in body) == c.cfg.align, c.entry
+        # stream-K: a partial's writers arrive on their flag
+        assert ("red.release.gpu.global.add.u32" in body) == sm90_stream_k(c.key, c.cfg), c.entry
 
 
 def test_pack_gqa_pays_where_few_query_positions_leave_tiles_empty():

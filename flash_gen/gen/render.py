@@ -30,6 +30,7 @@ from flash_gen.spec_sm90 import (
     sm90_infeasible_reason,
     sm90_o_in_v,
     sm90_smem_bytes,
+    sm90_stream_k,
 )
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
@@ -101,7 +102,7 @@ def render_fwd_sm90_many(variants: Sequence[tuple[FwdKey, Sm90FwdConfig]]) -> st
     """One translation unit holding the Hopper forward kernel of every (key, config) in `variants`."""
     items = _items(variants, sm90_infeasible_reason,
                    lambda key, cfg: {"smem_bytes": sm90_smem_bytes(key, cfg), "head_dim": sm90_head_dim(key),
-                                     "o_in_v": sm90_o_in_v(key, cfg)})
+                                     "o_in_v": sm90_o_in_v(key, cfg), "stream_k": sm90_stream_k(key, cfg)})
     extended = any(needs_extended_wgmma(key, cfg) for key, cfg in variants)
     return _env().get_template("fwd_sm90.cu.j2").render(variants=items, extended_wgmma=extended)
 

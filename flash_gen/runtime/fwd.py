@@ -31,7 +31,15 @@ from flash_gen.runtime.score_params import (
     varlen_tiles,
 )
 from flash_gen.spec import FwdKey, bucket_name
-from flash_gen.spec_sm90 import ROWS_PER_CONSUMER, Sm90FwdConfig, sm90_box_cols, sm90_head_dim
+from flash_gen.spec_sm90 import (
+    ROWS_PER_CONSUMER,
+    Sm90FwdConfig,
+    StreamKPlan,
+    sm90_box_cols,
+    sm90_head_dim,
+    sm90_stream_k,
+    stream_k_plan,
+)
 from flash_gen.tuned import tuned_config
 
 
@@ -68,8 +76,9 @@ class Sm90FwdParams(ctypes.Structure):
     o, then the portable kernel's parameters, padded to the maps' 64-byte alignment as the C++ struct is."""
 
     _fields_ = ([(f"tma_{t}", ctypes.c_uint8 * tma.MAP_BYTES) for t in "qkvo"] + [("base", FwdParams)]
-                + [("qk_shift_bits", ctypes.c_int), ("v_shift_bits", ctypes.c_int)])
-    _fields_.append(("_pad", ctypes.c_uint8 * (-(4 * tma.MAP_BYTES + ctypes.sizeof(FwdParams) + 8) % tma.MAP_ALIGN)))
+                + [("qk_shift_bits", ctypes.c_int), ("v_shift_bits", ctypes.c_int), ("sk_flags", ctypes.c_void_p)]
+                + [(f"sk_{f}", ctypes.c_int) for f in ("rounds", "tiles", "steps", "chunk")])
+    _fields_.append(("_pad", ctypes.c_uint8 * (-(4 * tma.MAP_BYTES + ctypes.sizeof(FwdParams) + 32) % tma.MAP_ALIGN)))
 
 
 # Byte offsets of the per-call addresses in FwdParams (run_fwd patches them into the shape's template), and of
@@ -80,6 +89,7 @@ _OFF_Q, _OFF_K, _OFF_V, _OFF_O, _OFF_LSE, _OFF_ALIBI, _OFF_CU_Q, _OFF_CU_K, _OFF
 _OFF_SEQUSED_K, _OFF_LEFTPAD_K, _OFF_KV_BATCH_IDX, _OFF_BLOCK_TABLE = (
     getattr(FwdParams, f).offset for f in ("seqused_k", "leftpad_k", "kv_batch_idx", "block_table"))
 _OFF_RNG_STATE = FwdParams.rng_state.offset
+_OFF_SK_FLAGS = Sm90FwdParams.sk_flags.offset - Sm90FwdParams.base.offset  # patched relative to the base
 _SM90_BASE = Sm90FwdParams.base.offset
 # seqlen_k (int32) of a KV-cache call with an int length, patched per call into its length class's plan: launch
 # patches are 8 bytes wide, so the patch carries the field that shares its word (window_left) unchanged.
@@ -90,13 +100,15 @@ assert _OFF_SEQLEN_K % 8 == 0 and FwdParams.window_left.offset == _OFF_SEQLEN_K 
 class _Variant:
     """A loaded kernel with its launch shape, cached per (device, dtype, head dim, mask, features)."""
 
-    __slots__ = ("kernel", "cfg", "smem", "block", "pack_gqa", "box_cols")
+    __slots__ = ("kernel", "cfg", "smem", "block", "pack_gqa", "head_dim", "box_cols", "stream_k")
 
     def __init__(self, kernel: driver.Kernel, key: FwdKey, cfg: FwdTiling, smem: int) -> None:
         self.kernel, self.cfg, self.smem, self.pack_gqa = kernel, cfg, smem, key.pack_gqa
         self.block = (cfg.num_threads, 1, 1)
-        # The Hopper kernel's TMA box width (a swizzle row of the head dim it computes with)
-        self.box_cols = sm90_box_cols(sm90_head_dim(key)) if isinstance(cfg, Sm90FwdConfig) else 0
+        # The head dim the kernel computes with, and the Hopper kernel's TMA box width (a swizzle row of it)
+        self.head_dim = sm90_head_dim(key) if isinstance(cfg, Sm90FwdConfig) else key.head_dim
+        self.box_cols = sm90_box_cols(self.head_dim) if isinstance(cfg, Sm90FwdConfig) else 0
+        self.stream_k = isinstance(cfg, Sm90FwdConfig) and sm90_stream_k(key, cfg)
 
 
 _variants: dict[tuple, _Variant] = {}
@@ -156,14 +168,16 @@ class FwdPlan:
     arguments fix: the variant, the parameter template, the grid. flash_gen.ops keeps one per validated
     argument layout, so a repeated eager call goes straight to run_fwd. A split-KV plan (splits > 1) has its own
     template (the shape's with the split count) and the combine kernel that merges the splits. The Hopper
-    kernel's encoded TMA maps are kept per address set (`maps`)."""
+    kernel's encoded TMA maps are kept per address set (`maps`), and a stream-K kernel's walk of its tiles
+    (`stream_k`)."""
 
-    __slots__ = ("var", "shape", "grid", "lse_like", "splits", "params", "combine", "maps")
+    __slots__ = ("var", "shape", "grid", "lse_like", "splits", "params", "combine", "maps", "stream_k")
 
     def __init__(self, var: _Variant, shape: _Shape, grid: tuple[int, int, int], device: torch.device,
-                 splits: int = 1, params: FwdParams | None = None, combine: driver.Kernel | None = None) -> None:
+                 splits: int = 1, params: FwdParams | None = None, combine: driver.Kernel | None = None,
+                 stream_k: StreamKPlan | None = None) -> None:
         self.var, self.shape, self.grid = var, shape, grid
-        self.splits, self.params, self.combine = splits, params, combine
+        self.splits, self.params, self.combine, self.stream_k = splits, params, combine, stream_k
         self.maps = BoundedMemo(tma.MAPS_PER_SHAPE)
         # softmax_lse's shape, dtype and device over one float: torch.empty_like of it allocates a contiguous lse
         # faster than new_empty(shape, dtype=) parses its arguments.
@@ -226,6 +240,7 @@ def plan_fwd(
         grid = (_query_tiles(var.cfg, seqlen_q, group), nheads_k, batch)
     else:
         grid = (-(-seqlen_q // var.cfg.block_m), nheads, batch)
+    stream_k = None
     if isinstance(var.cfg, Sm90FwdConfig):  # a 1-D grid of query tiles; persistent: as many CTAs as fit walk them
         # A cluster's CTAs serve consecutive query tiles of one head: query tiles per head rounded up to whole
         # clusters (the extra tile's rows lie past seqlen_q: loaded as zeros, never stored).
@@ -233,11 +248,14 @@ def plan_fwd(
         tiles = -(-grid[0] // cluster) * cluster * grid[1] * grid[2]
         resident = driver.sm_count(device) * var.cfg.ctas_per_sm // cluster * cluster
         grid = (min(tiles, resident) if var.cfg.persistent else tiles, 1, 1)
+        if var.stream_k:  # the kernel reads its walk from the plan, stream-K or not
+            stream_k = stream_k_plan(tiles, resident, -(-seqlen_k // var.cfg.block_n), not settings.no_stream_k())
+            grid = (stream_k.ctas, 1, 1)
     params = None
     if dropout:
         params = FwdParams.from_buffer_copy(shape.params)
         set_dropout_fields(params, dropout_p)
-    return FwdPlan(var, shape, grid, q.device, params=params)
+    return FwdPlan(var, shape, grid, q.device, params=params, stream_k=stream_k)
 
 
 def _split_plan(features: tuple, q: torch.Tensor, shape: _Shape, seqlen_k: int, nheads_k: int, num_splits: int,
@@ -330,6 +348,8 @@ def run_fwd(
         patches += (_OFF_SEQLEN_K, seqlen_k | (params.window_left & 0xFFFFFFFF) << 32)
     if isinstance(var.cfg, Sm90FwdConfig):
         params, base = _sm90_params(plan, q, k, v, out), _SM90_BASE
+        if plan.stream_k is not None and plan.stream_k.chunk:
+            patches += _stream_k_patches(plan, q.device, stream)
     if plan.splits > 1:
         _launch_split(var, plan.combine, plan.grid, params, q, plan.splits, stream, patches, base)
     else:
@@ -399,15 +419,19 @@ def _sm90_params(plan: FwdPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     var = plan.var
     group = q.shape[-2] // k.shape[-2] if var.pack_gqa else 1
     positions, rows = ROWS_PER_CONSUMER // group, var.cfg.block_n // var.cfg.cluster  # a CTA's share of K/V tiles
-    shift_bits = None
-    if var.cfg.align:
-        def shift_bits(params: Sm90FwdParams) -> None:
+    stream_k = plan.stream_k
+
+    def fill(params: Sm90FwdParams) -> None:
+        if var.cfg.align:
             params.qk_shift_bits, params.v_shift_bits = _row_shift_bits(k), _row_shift_bits(v)
+        if stream_k is not None:
+            params.sk_rounds, params.sk_tiles = stream_k.rounds, stream_k.left
+            params.sk_steps, params.sk_chunk = stream_k.steps, stream_k.chunk
 
     return tma.params_with_maps(Sm90FwdParams, plan.params or plan.shape.params, plan.maps,
                                 (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()),
                                 (("tma_q", q, positions, group), ("tma_k", k, rows), ("tma_v", v, rows),
-                                 ("tma_o", out, positions, group)), var.box_cols, shift_bits)
+                                 ("tma_o", out, positions, group)), var.box_cols, fill)
 
 
 def _row_shift_bits(t: torch.Tensor) -> int:
@@ -542,6 +566,32 @@ def _cache_route(q: torch.Tensor, k_cache: torch.Tensor, cache: KvCache, seqlen_
     cfg, slots = _cache_tiling(*tiling, False)
     ctas = batch * (nheads_k if pack else nheads) * _query_tiles(cfg, seqlen_q, group if pack else 1)
     return _CacheRoute(tiling, cfg, slots, ctas)
+
+
+def _stream_k_patches(plan: FwdPlan, device: torch.device, stream: int) -> tuple[int, ...]:
+    """A stream-K launch's fp32 partials (a query tile of the computed head dim per CTA, and its lse) and flags."""
+    sk, cfg = plan.stream_k, plan.var.cfg
+    rows = sk.ctas * cfg.block_m
+    o_partial = torch.empty(rows * plan.var.head_dim, dtype=torch.float32, device=device)
+    lse_partial = torch.empty(rows, dtype=torch.float32, device=device)
+    flags = _stream_k_flags(device, stream, sk.ctas * cfg.consumers)
+    return (_OFF_O_PARTIAL, o_partial.data_ptr(), _OFF_LSE_PARTIAL, lse_partial.data_ptr(), _OFF_SK_FLAGS,
+            flags.data_ptr())
+
+
+def _stream_k_flags(device: torch.device, stream: int, count: int) -> torch.Tensor:
+    """Stream-K flags (fwd_sm90.cuh, sk_arrive_written): zeroed once per device and stream, every launch leaving
+    them at multiples of 256, so launches in stream order share them. A launch captured into a CUDA graph gets its
+    own, which the graph zeroes at every replay (the graph may replay on any stream, beside eager launches)."""
+    if torch.cuda.is_current_stream_capturing():
+        return torch.zeros(count, dtype=torch.int32, device=device)
+    flags = _sk_flags.get((device.index, stream))
+    if flags is None or flags.numel() < count:
+        flags = _sk_flags[(device.index, stream)] = torch.zeros(count, dtype=torch.int32, device=device)
+    return flags
+
+
+_sk_flags: dict[tuple[int, int], torch.Tensor] = {}
 
 
 def _launch_split(var: _Variant, combine: driver.Kernel, grid: tuple[int, int, int], params: ctypes.Structure,

@@ -46,7 +46,7 @@ namespace flash_gen {
 template <class Element_, int kHeadDim_, int kConsumers_, int kBlockN_, int kStages_, bool kPingPong_,
           bool kPersistent_, Mask kMask_, bool kSoftcap_, bool kAlibi_, bool kVarlen_, bool kOverlap_,
           bool kPInSmem_, bool kPackGqa_, int kCluster_, bool kSplit_, bool kKvCache_, bool kOInV_, bool kDropout_,
-          bool kAlign_>
+          bool kAlign_, bool kStreamK_>
 struct Sm90FwdTraits {
   using Element = Element_;
   // The head dim, a multiple of 16 (the wgmma K step) or rounded up to 64 (flash_gen.spec_sm90.sm90_head_dim): the
@@ -88,6 +88,10 @@ struct Sm90FwdTraits {
   // fp32 partial O and lse (fwd_combine.cuh merges them). One tile per CTA, no cluster.
   static constexpr bool kSplit = kSplit_;
   static_assert(!kSplit || (!kPersistent_ && kCluster == 1 && !kVarlen));
+  // Stream-K (persistent CTAs, unmasked dense batches): the key steps of the last, partial round's tiles are
+  // shared out evenly over the CTAs (sm90_work_of_round); the piece that starts a tile merges the others' partials.
+  static constexpr bool kStreamK = kStreamK_;
+  static_assert(!kStreamK || (kPersistent_ && kCluster == 1 && kMask_ == Mask::kNone && !kSplit && !kDropout_));
   // K/V from a KV cache (flash_attn_with_kvcache; varlen: flash_attn_varlen_func with a block table): entry b's
   // keys are rows [leftpad, seqused_k) (varlen: its cu_seqlens_k count) of cache entry kv_batch_idx[b], or of its
   // pages (block_table; pages of a multiple of 128 rows, so a key tile lies in one page). One tile per CTA: the
@@ -295,15 +299,88 @@ struct Sm90Tile {
   }
 };
 
+constexpr int kNoTile = 0x7fffffff;  // past every launch's tiles
+
 // The tile a CTA serves in `round` (from 0): blockIdx.x, and with kPersistent one per round of gridDim.x tiles,
 // snaking (c, then gridDim.x - 1 - c, ...) so that over the rounds every CTA gets a like mix of long and short
 // tiles. Past the last tile (>= tiles) the CTA is done; only the last round is ragged, so no CTA skips a tile.
 // Clusters snake as units: the CTAs of a cluster always serve consecutive tiles (tiles is a multiple of kCluster).
 template <class T>
 __device__ __forceinline__ int sm90_tile_of_round(int round) {
-  if constexpr (!T::kPersistent) return round == 0 ? int(blockIdx.x) : 0x7fffffff;
+  if constexpr (!T::kPersistent) return round == 0 ? int(blockIdx.x) : kNoTile;
   const int g = gridDim.x / T::kCluster, c = blockIdx.x / T::kCluster;
   return T::kCluster * (round * g + ((round & 1) ? g - 1 - c : c)) + blockIdx.x % T::kCluster;
+}
+
+// A persistent CTA's work in `round`: a tile, and in stream-K kernels (kStreamK with p.sk_chunk = L > 0, unmasked:
+// every tile takes the same p.sk_steps = K > L key steps) which of its key steps. The rounds of whole tiles stop at
+// the last full one (p.sk_rounds of them); the p.sk_tiles tiles left, their key steps laid end to end, go out in
+// chunks of L, CTA c taking steps [c L, c L + L): the end of one tile (round sk_rounds), then maybe the start of
+// the next (round sk_rounds + 1). So a last round that would keep a few CTAs busy for a whole tile while the rest
+// idle takes about L / K of a tile instead (docs/hopper_forward.md, "The last round of a persistent walk"). The
+// piece holding a tile's first step owns it: it is always its CTA's last, and merges the partials of the pieces
+// after it, which are their CTAs' first, so no CTA waits on one that waits. The host works out the round and tile
+// counts: the producer (24 registers) divides only in the stream-K rounds.
+struct Sm90Work {
+  int t;  // the tile; the CTA is done at t >= the launch's tiles (stream-K kernels: at kNoTile, the consumers then
+          // needing no register for the tile count, which spilled at head dim 256)
+  int n_begin, n_end;  // its key steps, counted from the first
+};
+
+template <class T>
+__device__ __forceinline__ Sm90Work sm90_work_of_round(Sm90FwdParams const& params, int round) {
+  Sm90Work w{sm90_tile_of_round<T>(round), 0, 0};
+  if constexpr (T::kStreamK) {
+    const int chunk = params.sk_chunk, steps = params.sk_steps, full = params.sk_rounds, ctas = gridDim.x;
+    w.n_end = steps;
+    if (round < full) return w;
+    if (chunk == 0 || chunk >= steps) {  // whole tiles in the last round too
+      if (round > full || w.t >= full * ctas + params.sk_tiles) w.t = kNoTile;
+      return w;
+    }
+    {
+      const int total = params.sk_tiles * steps;
+      const int lo = int(blockIdx.x) * chunk, hi = min(lo + chunk, total);
+      const int begin = round == full ? lo : (lo / steps + 1) * steps;
+      if (round > full + 1 || begin >= hi) {
+        w.t = kNoTile;
+        return w;
+      }
+      const int first = begin / steps * steps;
+      w.t = full * ctas + begin / steps;
+      w.n_begin = begin - first;
+      w.n_end = min(hi - first, steps);
+    }
+  }
+  return w;
+}
+
+// Stream-K partials, one flag per (CTA slot, consumer warpgroup): each of the 128 writing threads adds 1 with
+// release semantics once its rows are stored; each of the 128 merging threads waits (acquire) until all have,
+// then adds its own 1. A launch adds 256 to every flag it uses, so between launches each is a multiple of 256 and
+// the flags need zeroing only once (flash_gen.runtime.fwd keeps them per device and stream).
+__device__ __forceinline__ void sk_arrive_written(unsigned* flag) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(flag) : "memory");
+}
+
+__device__ __forceinline__ void sk_wait_written(unsigned* flag) {
+  unsigned v;
+  do {
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(flag) : "memory");
+  } while (v % 256 < 128);
+  asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(flag) : "memory");
+}
+
+// A stream-K slot of fp32 partials (one per CTA, for its piece after a tile's first key step; kBlockM x kD and
+// lse per tile row) as consumer thread `thread` sees it through its O accumulators `acc` (o_rc's layout): the
+// thread's k-th accumulator at k x kConsumerThreads + thread, so a warp's accesses are contiguous and each thread's
+// at static offsets from one address (a row-major tile took an address register per column pair, and spilled at
+// head dim 256). Slot indices are 32-bit (a few CTAs' tiles): 64-bit row indices hoisted out of the key steps
+// spilled there too.
+template <class T, class AccLayout>
+__device__ __forceinline__ auto sk_slot(float* partials, int cta, int thread, AccLayout const& acc) {
+  return make_tensor(make_gmem_ptr(partials + cta * T::kBlockM * T::kHeadDim + thread),
+                     composition(make_layout(Int<T::kHeadDim / 2>{}, Int<T::kConsumerThreads>{}), acc));
 }
 
 // The producer (one thread): per tile, Q once its buffer is free again (the consumers' last S GEMMs of the
@@ -320,8 +397,14 @@ __device__ __forceinline__ void fwd_sm90_produce(Sm90FwdParams const& params, ty
   prefetch_tensor_map(params.tma_k);
   prefetch_tensor_map(params.tma_v);
   int it = 0;
-  for (int round = 0, t = sm90_tile_of_round<T>(0); t < tiles; t = sm90_tile_of_round<T>(++round)) {
-    const Sm90Tile<T> tile = T::kPersistent ? Sm90Tile<T>(params.base, m_blocks, t, group, wg_rows) : first;
+  for (int round = 0;; ++round) {
+    const Sm90Work work = sm90_work_of_round<T>(params, round);
+    if (T::kStreamK ? work.t == kNoTile : work.t >= tiles) break;
+    Sm90Tile<T> tile = T::kPersistent ? Sm90Tile<T>(params.base, m_blocks, work.t, group, wg_rows) : first;
+    if constexpr (T::kStreamK) {
+      tile.n_max = tile.n_min + work.n_end;
+      tile.n_min += work.n_begin;
+    }
     bars.q_empty.wait((round & 1) ^ 1);
     // The consumers have read the previous tile's slot (before releasing its Q); q_full's arrival below releases
     // this write to them.
@@ -578,7 +661,9 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
   };
 
   int it = 0;  // key steps over all tiles, as the producer counts them
-  for (int round = 0, t = sm90_tile_of_round<T>(0); t < tiles; t = sm90_tile_of_round<T>(++round)) {
+  for (int round = 0;; ++round) {
+    const int t = sm90_work_of_round<T>(params, round).t;
+    if (T::kStreamK ? t == kNoTile : t >= tiles) break;
     // Also for an empty tile: the Q phases stay in step, and without a buffer of its own O is staged where Q lands.
     bars.q_full.wait(round & 1);
     const Sm90Tile<T> tile = T::kPersistent ? *tile_slot : first;
@@ -729,7 +814,8 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
     // Epilogue: normalise and write lse; O goes through this warpgroup's 64 rows of the O staging buffer and out
     // with TMA stores, which skip rows outside [0, seqlen_q) (varlen: 16-byte stores of the entry's rows). A
     // split writes fp32 partials instead, (split, batch, head, position[, column]) contiguous, with lse -inf
-    // where its keys leave a row nothing (weight 0 in the combine).
+    // where its keys leave a row nothing (weight 0 in the combine); so does a stream-K piece after its tile's
+    // first key step, into its CTA's slot (sk_slot).
     // The query position and head of this thread's row r (packed: row i of the warpgroup is head i % group at
     // position i / group), and whether the row holds a query.
     auto row_at = [&](int r, int& pos, int& head) {
@@ -747,8 +833,11 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
       return sum;
     };
     auto row_lse = [&](int r, float sum) { return (row_max[r] * p.scale_log2 + __log2f(sum)) * 0.69314718055994531f; };
-    if constexpr (T::kSplit) {  // straight from the accumulators; one tile per CTA, so nothing is left to store
-      const int split = sm90_split_of(t, m_blocks, heads, p.batch);
+    // Stream-K (unmasked: a whole tile's key steps start at 0): a piece after its tile's first step writes a
+    // partial to its CTA's slot; one from the first step that stops short of the last merges the partials of the
+    // CTAs after it (whose chunks start inside the tile) into its own and stores the tile as usual.
+    if (T::kSplit || (T::kStreamK && tile.n_min > 0)) {  // straight from the accumulators
+      const int split = T::kSplit ? sm90_split_of(t, m_blocks, heads, p.batch) : 0;
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) {
         bool empty;
@@ -756,28 +845,80 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
         const float inv = empty ? 1.f : __fdividef(T::kDropout ? p.dropout_scale : 1.f, sum);
         int pos, head;
         if (!row_at(r, pos, head)) continue;
-        const int64_t row = (int64_t(split * p.batch + tile.batch) * p.nheads + head) * p.seqlen_q + pos;
+        const int64_t row = T::kSplit ? (int64_t(split * p.batch + tile.batch) * p.nheads + head) * p.seqlen_q + pos
+                                      : int(blockIdx.x) * kBlockM + get<0>(tOcO_rc(r, 0));
         if (get<1>(tOcO_rc(r, 0)) == 0) {
           p.lse_partial[row] = empty ? -inf() : row_lse(r, sum);
         }
-        float* o_row = p.o_partial + row * p.head_dim;
-        CUTE_UNROLL
-        for (int c = 0; c < size<1>(o_rc); ++c) {
-          const int col = get<1>(tOcO_rc(r, c));
-          if (col < p.head_dim) o_row[col] = o_rc(r, c) * inv;
+        if constexpr (T::kStreamK) {
+          Tensor slot = sk_slot<T>(p.o_partial, blockIdx.x, tidx, o_rc.layout());
+          CUTE_UNROLL
+          for (int c = 0; c < size<1>(o_rc); ++c) slot(r, c) = o_rc(r, c) * inv;
+        } else {
+          float* o_row = p.o_partial + row * p.head_dim;
+          CUTE_UNROLL
+          for (int c = 0; c < size<1>(o_rc); ++c) {
+            const int col = get<1>(tOcO_rc(r, c));
+            if (col < p.head_dim) o_row[col] = o_rc(r, c) * inv;
+          }
         }
       }
-      continue;
+      if constexpr (T::kStreamK) {  // the CTA's next piece, if any, starts a tile: nothing is left to store
+        sk_arrive_written(params.sk_flags + blockIdx.x * T::kConsumers + wg);
+        if constexpr (T::kOInV) {
+          if (tidx % 128 == 0) bars.o_free[round & 1].arrive();
+        }
+      }
+      continue;  // a split: one tile per CTA
     }
+    int sk_count = 0;  // partials to merge (their first pieces, so they are being or have been written)
+    if constexpr (T::kStreamK) {
+      if (tile.n_max < params.sk_steps) {
+        // (The tile's index again, rather than t kept live across the key steps: that spilled at head dim 256.)
+        const int left = sm90_work_of_round<T>(params, round).t - params.sk_rounds * int(gridDim.x);
+        sk_count = ((left + 1) * params.sk_steps - 1) / params.sk_chunk - int(blockIdx.x);
+        for (int j = 1; j <= sk_count; ++j) sk_wait_written(params.sk_flags + (blockIdx.x + j) * T::kConsumers + wg);
+      }
+    }
+    // Row r merged with the partials: lse = log(sum_j exp(lse_j)) over this piece and theirs (each O normalised
+    // over its own keys), O = sum_j exp(lse_j - lse) O_j; leaves `inv` 1.
+    auto merge_partials = [&](int r, bool& empty, float& inv, float& lse) {
+      const int row = get<0>(tOcO_rc(r, 0));
+      auto partial_lse = [&](int j) { return p.lse_partial[(int(blockIdx.x) + j) * kBlockM + row]; };
+      const float own = empty ? -inf() : lse;
+      float top = own;
+      for (int j = 1; j <= sk_count; ++j) top = fmaxf(top, partial_lse(j));
+      if (top == -inf()) return;  // no piece saw a key: O stays 0, lse +inf
+      float total = __expf(own - top);
+      for (int j = 1; j <= sk_count; ++j) total += __expf(partial_lse(j) - top);
+      lse = top + __logf(total);
+      empty = false;
+      const float own_weight = __expf(own - lse) * inv;
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(o_rc); ++c) o_rc(r, c) *= own_weight;
+      for (int j = 1; j <= sk_count; ++j) {
+        const float weight = __expf(partial_lse(j) - lse);
+        Tensor slot = sk_slot<T>(p.o_partial, blockIdx.x + j, tidx, o_rc.layout());
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(o_rc); ++c) o_rc(r, c) += weight * slot(r, c);
+      }
+      inv = 1.f;
+    };
     float* lse_ptr = p.lse + tile.batch * p.lse_batch_stride + tile.q_start;
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       bool empty;
       const float sum = row_total(r, empty);
-      const float inv = empty ? 1.f : __fdividef(T::kDropout ? p.dropout_scale : 1.f, sum);
+      float inv = empty ? 1.f : __fdividef(T::kDropout ? p.dropout_scale : 1.f, sum);
       int pos, head;
-      if (row_at(r, pos, head) && get<1>(tOcO_rc(r, 0)) == 0) {
-        lse_ptr[head * p.lse_head_stride + pos] = empty ? inf() : row_lse(r, sum);
+      const bool stored = row_at(r, pos, head);
+      float lse = 0.f;  // stream-K: the merged one
+      if constexpr (T::kStreamK) {
+        lse = row_lse(r, sum);
+        if (sk_count > 0 && stored) merge_partials(r, empty, inv, lse);
+      }
+      if (stored && get<1>(tOcO_rc(r, 0)) == 0) {
+        lse_ptr[head * p.lse_head_stride + pos] = empty ? inf() : (T::kStreamK ? lse : row_lse(r, sum));
       }
       CUTE_UNROLL
       for (int c = 0; c < size<1>(o_rc); ++c) o_rc(r, c) *= inv;

@@ -19,6 +19,12 @@ struct Sm90FwdParams {
   // start 16 bytes into a 32-byte sector, as bit 0 ^ (bit 1 & h) (bit 0: head 0; bit 1: the head stride is an odd
   // number of 16-byte chunks); 0 where the sequence or batch stride would make it vary by row (sm90_col_shift).
   int qk_shift_bits, v_shift_bits;
+  // Stream-K kernels (kStreamK, fwd_sm90.cuh sm90_work_of_round): a flag per (CTA, consumer warpgroup) counting
+  // the writers and readers of its partial; the rounds of whole tiles, the tiles left after them, every tile's key
+  // steps and each CTA's share of the left tiles' steps (0: whole tiles only, the launch's tiles then being
+  // sk_rounds x the grid + sk_tiles).
+  unsigned* sk_flags;
+  int sk_rounds, sk_tiles, sk_steps, sk_chunk;
 };
 
 // Columns to shift KV head `head`'s boxes by: 8 (16 bytes) where its rows start mid-sector, so the boxes after the
