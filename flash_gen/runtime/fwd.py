@@ -346,14 +346,17 @@ def run_fwd(
     params, base = plan.params or shape.params, 0
     if seqlen_k is not None:
         patches += (_OFF_SEQLEN_K, seqlen_k | (params.window_left & 0xFFFFFFFF) << 32)
+    workspace = None  # kept alive through the launch
     if isinstance(var.cfg, Sm90FwdConfig):
         params, base = _sm90_params(plan, q, k, v, out), _SM90_BASE
         if plan.stream_k is not None and plan.stream_k.chunk:
-            patches += _stream_k_patches(plan, q.device, stream)
+            workspace, sk_patches = _stream_k_workspace(plan, q.device, stream)
+            patches += sk_patches
     if plan.splits > 1:
         _launch_split(var, plan.combine, plan.grid, params, q, plan.splits, stream, patches, base)
     else:
         var.kernel.launch(plan.grid, var.block, var.smem, stream, params, patches, base)
+    del workspace  # once the launch is queued: the allocator reuses it only after, in stream order
     return out, lse
 
 
@@ -568,15 +571,17 @@ def _cache_route(q: torch.Tensor, k_cache: torch.Tensor, cache: KvCache, seqlen_
     return _CacheRoute(tiling, cfg, slots, ctas)
 
 
-def _stream_k_patches(plan: FwdPlan, device: torch.device, stream: int) -> tuple[int, ...]:
-    """A stream-K launch's fp32 partials (a query tile of the computed head dim per CTA, and its lse) and flags."""
+def _stream_k_workspace(plan: FwdPlan, device: torch.device,
+                        stream: int) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """A stream-K launch's fp32 partials in one allocation (a query tile of the computed head dim per CTA, then
+    its lse rows), and the patches pointing the kernel at them and at the stream's flags."""
     sk, cfg = plan.stream_k, plan.var.cfg
     rows = sk.ctas * cfg.block_m
-    o_partial = torch.empty(rows * plan.var.head_dim, dtype=torch.float32, device=device)
-    lse_partial = torch.empty(rows, dtype=torch.float32, device=device)
+    partials = torch.empty(rows * (plan.var.head_dim + 1), dtype=torch.float32, device=device)
     flags = _stream_k_flags(device, stream, sk.ctas * cfg.consumers)
-    return (_OFF_O_PARTIAL, o_partial.data_ptr(), _OFF_LSE_PARTIAL, lse_partial.data_ptr(), _OFF_SK_FLAGS,
-            flags.data_ptr())
+    base = partials.data_ptr()
+    return partials, (_OFF_O_PARTIAL, base, _OFF_LSE_PARTIAL, base + 4 * rows * plan.var.head_dim, _OFF_SK_FLAGS,
+                      flags.data_ptr())
 
 
 def _stream_k_flags(device: torch.device, stream: int, count: int) -> torch.Tensor:
