@@ -232,26 +232,30 @@ def test_a_bucket_past_its_deadline_still_measures_one_candidate(tmp_path):
     assert len(finished(study)) == 1
 
 
-def test_candidates_compiled_at_once_are_not_measured_past_the_deadline(tmp_path):
+def test_candidates_compiled_at_once_are_not_measured_past_the_deadline(tmp_path, monkeypatch):
     """Precompiled candidates are all submitted at once; once the deadline has passed, those not yet measured are
-    dropped rather than measured one after another (which ran a bucket past its share of the time budget)."""
-    import time
+    dropped rather than measured one after another (which ran a bucket past its share of the time budget). The
+    search reads a fake clock that only measurements advance: with the wall clock, a slow machine's asking
+    alone could pass the deadline before the candidates were submitted (CI, 2026-12-06)."""
+    import types
     from concurrent.futures import ThreadPoolExecutor
 
+    from flash_gen.search import study as study_module
     from flash_gen.search.study import finished, search
 
+    now = [0.0]
+    monkeypatch.setattr(study_module, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
     fam = space.Family("fwd", "sm80", "bf16", 96, "causal")
     study = open_study("overrun", f"sqlite:///{tmp_path / 'tune.sqlite3'}", 0)
 
     def slow(cfg) -> list[float]:
-        time.sleep(0.3)
+        now[0] += 0.3
         return [1.0, 2.0]
 
     with ThreadPoolExecutor(max_workers=8) as pool:
-        search(study, fam, prepare=lambda f, c: None, measure=slow, pool=pool, workers=8, trials=8,
-               deadline=time.monotonic() + 0.5)
+        search(study, fam, prepare=lambda f, c: None, measure=slow, pool=pool, workers=8, trials=8, deadline=0.5)
     measured = [t for t in finished(study) if "shape_ms" in t.user_attrs]
-    assert 1 <= len(measured) <= 3  # about 0.5 s of 0.3 s measurements, not all 8
+    assert len(measured) == 2  # measured at clock 0 and 0.3; the rest are past 0.5
     assert any(t.user_attrs.get("rejected", "").startswith("not measured") for t in study.get_trials())
 
 
