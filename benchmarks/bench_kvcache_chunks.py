@@ -26,7 +26,8 @@ from torch.nn.attention import SDPBackend
 from bench_common import sdpa_call, setup, write_rows
 from flash_gen import fwd_tilings
 from flash_gen.runtime import driver
-from flash_gen.runtime.fwd import KvCache, attention_fwd, attention_fwd_kvcache
+from flash_gen.runtime.fwd import attention_fwd
+from flash_gen.runtime.fwd_kvcache import KvCache, attention_fwd_kvcache
 from flash_gen.spec import FwdKey
 
 NHEADS, NHEADS_K, HDIM, PAGE = 32, 8, 128, 256

@@ -344,7 +344,7 @@ def fwd_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor]
         if memo_key is not None:
             _kvcache_memo.put(memo_key, checked)
     from flash_gen.runtime import kvcache
-    from flash_gen.runtime.fwd import KvCache, attention_fwd_kvcache
+    from flash_gen.runtime.fwd_kvcache import KvCache, attention_fwd_kvcache
 
     args = checked.attn
     if k is not None or checked.rotary:

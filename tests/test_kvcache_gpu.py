@@ -251,15 +251,16 @@ def _check_case(case: Case) -> None:
 def test_chunks_over_a_cache_run_the_hopper_kernel_and_decoding_steps_the_portable_one(monkeypatch, seqlen_q, hopper):
     """GQA 8/2 over a paged cache with tensor lengths: from 64 query rows per KV head (16 positions x 4 heads) the
     Hopper kernel's cache form runs on sm90, below it the portable kernel."""
-    from flash_gen.runtime import fwd
+    from flash_gen.runtime import fwd_kvcache
     from flash_gen.spec_sm90 import Sm90FwdConfig
 
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Hopper kernel runs on sm90")
-    monkeypatch.setattr(fwd, "_cache_routes", BoundedMemo(256))  # plan anew: an earlier test's plan has no variant call
+    # plan anew: an earlier test's plan has no variant call
+    monkeypatch.setattr(fwd_kvcache, "_cache_routes", BoundedMemo(256))
     ran = []
-    variant = fwd._variant
-    monkeypatch.setattr(fwd, "_variant", lambda *a, **kw: ran.append(variant(*a, **kw)) or ran[-1])
+    variant = fwd_kvcache._variant
+    monkeypatch.setattr(fwd_kvcache, "_variant", lambda *a, **kw: ran.append(variant(*a, **kw)) or ran[-1])
     case = Case(256, seqlen_q=seqlen_q)
     q, k_log, v_log, seqlens, *_ = _setup(case, fresh_seed())
     k_cache, v_cache, table = _paged(case, k_log, v_log, 0)
@@ -273,15 +274,15 @@ def test_an_int_length_runs_dense_where_the_query_tiles_fill_the_sms(monkeypatch
     """With one int length for every entry of a contiguous cache the dense Hopper kernel runs over views of its
     first rows once the query tiles (8 heads x 3 entries x 128-row tiles) fill an H200's 132 SMs; smaller calls
     read the cache tile by tile."""
-    from flash_gen.runtime import fwd
+    from flash_gen.runtime import driver, fwd_kvcache
 
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the dense route is the Hopper kernel's")
-    monkeypatch.setattr(fwd.driver, "sm_count", lambda device: 132)
-    monkeypatch.setattr(fwd, "_cache_routes", BoundedMemo(256))
+    monkeypatch.setattr(driver, "sm_count", lambda device: 132)
+    monkeypatch.setattr(fwd_kvcache, "_cache_routes", BoundedMemo(256))
     dense_calls = []
-    real = fwd.attention_fwd
-    monkeypatch.setattr(fwd, "attention_fwd", lambda *a, **kw: dense_calls.append(1) or real(*a, **kw))
+    real = fwd_kvcache.attention_fwd
+    monkeypatch.setattr(fwd_kvcache, "attention_fwd", lambda *a, **kw: dense_calls.append(1) or real(*a, **kw))
     q, k_cache, v_cache, *_ = _setup(Case(0, seqlen_q=seqlen_q, int_seqlens=True), fresh_seed())
     flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=600)
     assert bool(dense_calls) == dense

@@ -1,4 +1,4 @@
-"""CPU tests of how KV-cache calls are planned (flash_gen.runtime.fwd.attention_fwd_kvcache): an int length shares
+"""CPU tests of how KV-cache calls are planned (flash_gen.runtime.fwd_kvcache.attention_fwd_kvcache): an int length shares
 the plan of its length class and reaches the kernel as a patched seqlen_k. No GPU: the driver is replaced by a
 kernel that records what each launch would pass (CUDA itself is never touched)."""
 
@@ -10,7 +10,7 @@ import torch
 from flash_gen.fwd_tilings import config_from_name
 from flash_gen.memo import BoundedMemo
 from flash_gen.runtime import driver
-from flash_gen.runtime import fwd
+from flash_gen.runtime import fwd, fwd_kvcache
 
 CAPACITY, HEADS, HEADS_K, HEAD_DIM = 700, 8, 2, 128
 TILING = config_from_name("m64n64w4s2")  # the portable kernel's cache tiling, forced: no spill check compiles it
@@ -43,7 +43,7 @@ def kernel(monkeypatch) -> _Recorder:
     monkeypatch.setattr(driver, "device_arch", lambda device: "sm90")
     monkeypatch.setattr(driver, "sm_count", lambda device: 132)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 0, raising=False)
-    monkeypatch.setattr(fwd, "_cache_routes", BoundedMemo(256))
+    monkeypatch.setattr(fwd_kvcache, "_cache_routes", BoundedMemo(256))
     monkeypatch.setattr(fwd, "_variants", {})
     return recorder
 
@@ -51,14 +51,14 @@ def kernel(monkeypatch) -> _Recorder:
 def _call(length: int, num_splits: int, window_size: tuple[int, int] = (-1, -1), causal: bool = True) -> None:
     q = torch.randn(1, 1, HEADS, HEAD_DIM, dtype=torch.bfloat16)
     k_cache = torch.randn(1, CAPACITY, HEADS_K, HEAD_DIM, dtype=torch.bfloat16)
-    cache = fwd.KvCache(seqused_k=None, used=length, leftpad_k=None, batch_idx=None, block_table=None,
-                        num_splits=num_splits)
-    fwd.attention_fwd_kvcache(q, k_cache, k_cache, cache, softmax_scale=HEAD_DIM**-0.5, causal=causal,
-                              window_size=window_size, softcap=0.0, alibi_slopes=None, config=TILING)
+    cache = fwd_kvcache.KvCache(seqused_k=None, used=length, leftpad_k=None, batch_idx=None, block_table=None,
+                                num_splits=num_splits)
+    fwd_kvcache.attention_fwd_kvcache(q, k_cache, k_cache, cache, softmax_scale=HEAD_DIM**-0.5, causal=causal,
+                                      window_size=window_size, softcap=0.0, alibi_slopes=None, config=TILING)
 
 
 def _plans() -> list[fwd.FwdPlan]:
-    return [plan for route in fwd._cache_routes.values() for plan in route.plans.values()]
+    return [plan for route in fwd_kvcache._cache_routes.values() for plan in route.plans.values()]
 
 
 def test_int_lengths_of_one_class_share_a_plan_with_their_own_seqlen_k(kernel):

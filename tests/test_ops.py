@@ -264,11 +264,11 @@ def test_kvcache_checks_are_kept_per_layout_except_under_debug(monkeypatch):
     """flash_attn_with_kvcache's checks are memoised per layout like the dense ops' (a hit still rejects a
     misaligned base address); under FLASH_GEN_DEBUG=1, which checks index values, they run every call."""
     from flash_gen import validate
-    from flash_gen.runtime import fwd
+    from flash_gen.runtime import fwd_kvcache
 
     monkeypatch.setattr(validate, "check_device", lambda *a, **k: None)  # CPU tensors stand in for CUDA ones
     monkeypatch.setattr(ops, "_kvcache_memo", BoundedMemo(256))
-    monkeypatch.setattr(fwd, "attention_fwd_kvcache", lambda q, *a, **k: (q, None))
+    monkeypatch.setattr(fwd_kvcache, "attention_fwd_kvcache", lambda q, *a, **k: (q, None))
     calls = _counted(monkeypatch, "validate_kvcache")
     q, shifted = _q_and_shifted()
     cache = torch.randn(B, 300, HK, 64, dtype=torch.bfloat16)

@@ -63,7 +63,8 @@ class Measurer:
                     softcap=0.0, alibi_slopes=None, **drop)
 
     def _forward(self, q, k, v, cfg, seqused=None, rng_state=None):
-        from flash_gen.runtime.fwd import KvCache, attention_fwd, attention_fwd_kvcache
+        from flash_gen.runtime.fwd import attention_fwd
+        from flash_gen.runtime.fwd_kvcache import KvCache, attention_fwd_kvcache
 
         if self.family.direction == "decode":
             cache = KvCache(seqused_k=seqused, used=None, leftpad_k=None, batch_idx=None, block_table=None,
