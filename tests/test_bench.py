@@ -58,12 +58,15 @@ def test_each_timing_gets_the_clock_and_power_it_ran_at():
 
 def test_the_monitor_reads_what_nvidia_smi_wrote_until_it_was_stopped(tmp_path, monkeypatch):
     """The background process runs until the context exits; its output is parsed then (a stand-in nvidia-smi)."""
-    fake = tmp_path / "nvidia-smi"
-    fake.write_text(f"#!/bin/sh\necho '2026/12/02 05:30:00.000, 1980, 650.5'\nexec {shutil.which('sleep')} 60\n")
+    fake, ready = tmp_path / "nvidia-smi", tmp_path / "sampled"
+    fake.write_text(f"#!/bin/sh\necho '2026/12/02 05:30:00.000, 1980, 650.5'\n: > {ready}\n"
+                    f"exec {shutil.which('sleep')} 60\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path))
     with GpuMonitor("0") as monitor:
-        time.sleep(0.5)
+        deadline = time.monotonic() + 30  # a loaded machine may take a while to start the script
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
     assert monitor.samples == [(datetime(2026, 12, 2, 5, 30), 1980.0, 650.5)]
     monkeypatch.setenv("PATH", "")
     with GpuMonitor("0") as monitor:  # no nvidia-smi: nothing recorded, nothing raised
