@@ -42,12 +42,15 @@ class Sm90FwdConfig:
     # head dim 72 (144-byte rows, computed in 80's 16-column boxes) each box of an odd head otherwise spans two
     # sectors. O is staged rotated back, so its stores keep column 0
     align: bool = False
+    # "_mf" (with overlap): a tile's steps after its first take P without the tile's maximum (one instruction per
+    # score less), recomputing S where an element would exceed 2^15 (online_softmax_max_free)
+    max_free: bool = False
 
     @property
     def name(self) -> str:
         return (f"wgm{self.block_m}n{self.block_n}s{self.stages}" + ("p" if self.pingpong else "")
                 + ("" if self.overlap else "_serial") + ("_ss" if self.p_in_smem else "")
-                + ("_al" if self.align else "")
+                + ("_al" if self.align else "") + ("_mf" if self.max_free else "")
                 + (f"_c{self.cluster}" if self.cluster > 1 else "") + ("_persist" if self.persistent else ""))
 
     @property
@@ -76,6 +79,7 @@ SM90_CONFIG_SPACE = {
     "p_in_smem": (False, True),
     "cluster": (1, 2),
     "align": (False, True),
+    "max_free": (False, True),
 }
 
 
@@ -126,11 +130,11 @@ def needs_extended_wgmma(key: FwdKey, cfg: Sm90FwdConfig) -> bool:
 
 def sm90_config_from_name(name: str) -> Sm90FwdConfig | None:
     """Inverse of Sm90FwdConfig.name ("wgm128n128s2p"), or None for a name of another kernel family."""
-    m = re.fullmatch(r"wgm(\d+)n(\d+)s(\d+)(p?)(_serial)?(_ss)?(_al)?(?:_c(\d+))?(_persist)?", name)
+    m = re.fullmatch(r"wgm(\d+)n(\d+)s(\d+)(p?)(_serial)?(_ss)?(_al)?(_mf)?(?:_c(\d+))?(_persist)?", name)
     if m is None:
         return None
-    return Sm90FwdConfig(int(m[2]), int(m[3]), bool(m[4]), int(m[1]), bool(m[9]), not m[5], bool(m[6]),
-                         int(m[8] or 1), bool(m[7]))
+    return Sm90FwdConfig(int(m[2]), int(m[3]), bool(m[4]), int(m[1]), bool(m[10]), not m[5], bool(m[6]),
+                         int(m[9] or 1), bool(m[7]), bool(m[8]))
 
 
 STREAM_K_MIN_STEPS = 4  # key steps of a stream-K piece at least: each piece's partial costs its owner a merge
@@ -243,6 +247,8 @@ def sm90_infeasible_reason(key: FwdKey, cfg: Sm90FwdConfig) -> str | None:
         return "aligned rows shift the columns of dense K/V only (split partials index them, caches have pages)"
     if cfg.align and sm90_head_dim(key) - key.head_dim < 8:
         return f"aligned rows need 8 padding columns: head dim {key.head_dim} computes as {sm90_head_dim(key)}"
+    if cfg.max_free and not cfg.overlap:
+        return "max-free steps are the overlapped ones (serial steps release K before their softmax)"
     regs = (cfg.block_n // 2 + cfg.block_n // 4 + sm90_head_dim(key) // 2)  # 64 rows over 128 threads: S, P, O
     budget = CONSUMER_REGISTERS[cfg.consumers] - ADDRESSING_REGISTERS
     if regs > budget:

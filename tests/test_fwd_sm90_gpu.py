@@ -141,6 +141,16 @@ CASES = [  # dtype, head dim, config, mask, batch, seqlen_q, seqlen_k, nheads, n
     ("bf16", 64, "wgm64n128s2_c2", "none", 2, 129, 300, 4, 1, ""),
     ("fp16", 128, "wgm128n176s2p_c2", "none", 1, 1, 2000, 2, 2, ""),
     ("bf16", 128, "wgm128n128s2_c2_persist", "none", 2, 37, 700, 16, 2, "pack"),
+    # max-free steps ("_mf"): rising scores (S recomputed where P would pass 2^15), windows whose rows start without
+    # a reference maximum, causal and ragged tiles, packed heads, softcap, ALiBi, O in the V ring
+    ("bf16", 128, "wgm128n128s2p_mf_persist", "none", 4, 1000, 700, 8, 2, "rising"),
+    ("bf16", 128, "wgm128n128s2p_mf_persist", "causal", 2, 1000, 1300, 8, 2, ""),
+    ("fp16", 64, "wgm128n128s3p_mf_persist", "causal", 3, 777, 555, 16, 16, "rising"),
+    ("bf16", 128, "wgm128n128s2p_mf", "win32_0", 2, 300, 900, 4, 1, "softcap"),
+    ("bf16", 96, "wgm128n128s2_mf_persist", "win32_0", 2, 300, 900, 8, 2, "pack"),
+    ("fp16", 128, "wgm128n128s2p_mf", "none", 1, 257, 2000, 4, 1, "alibi"),
+    ("fp16", 128, "wgm128n128s2p_mf_persist", "none", 2, 2000, 2000, 16, 4, ""),  # tuned, s<=4k
+    ("bf16", 256, "wgm128n64s2_mf_persist", "causal", 2, 1000, 700, 8, 2, "rising"),
 ]
 
 
@@ -202,6 +212,7 @@ SK_CASES = [  # dtype, head dim, config, batch, seqlen_q, seqlen_k, nheads_k, gr
     ("bf16", 64, "wgm192n128s3_persist", 2, 777, 2000, 16, 1, 1, 20, ""),  # three consumer warpgroups
     ("fp16", 96, "wgm128n128s2_persist", 1, 300, 1000, 3, 1, 0, 40, ""),  # fewer tiles than CTAs
     ("bf16", 128, "wgm128n128s2_persist", 2, 37, 1300, 2, 8, 0, 50, ""),  # GQA, few query positions
+    ("bf16", 128, "wgm128n128s2p_mf_persist", 1, 1000, 777, 17, 1, 1, 4, "rising"),  # max-free steps
 ]
 
 

@@ -30,7 +30,9 @@ def test_config_names_round_trip_and_other_names_are_not_sm90():
     for cfg in (Sm90FwdConfig(), Sm90FwdConfig(176, 2), Sm90FwdConfig(64, 3, pingpong=False, block_m=192),
                 Sm90FwdConfig(128, 2, persistent=True), Sm90FwdConfig(64, 2, p_in_smem=True, cluster=2),
                 Sm90FwdConfig(176, 3, overlap=False, cluster=2, persistent=True),
-                Sm90FwdConfig(112, 2, block_m=192, p_in_smem=True, align=True, cluster=2, persistent=True)):
+                Sm90FwdConfig(112, 2, block_m=192, p_in_smem=True, align=True, cluster=2, persistent=True),
+                Sm90FwdConfig(128, 2, persistent=True, max_free=True),
+                Sm90FwdConfig(64, 3, block_m=192, p_in_smem=True, align=True, cluster=2, max_free=True)):
         assert sm90_config_from_name(cfg.name) == cfg
     assert sm90_config_from_name("m128n64w4s2") is None
 
@@ -56,6 +58,7 @@ def test_config_names_round_trip_and_other_names_are_not_sm90():
     (FwdKey("sm90", "bf16", 128), Sm90FwdConfig(align=True), "8 padding columns"),
     (FwdKey("sm90", "bf16", 72, varlen=True, kv="cache"), Sm90FwdConfig(64, block_m=192, align=True), "dense K/V"),
     (FwdKey("sm90", "bf16", 72, split=True), Sm90FwdConfig(112, block_m=192, align=True), "dense K/V"),
+    (FwdKey("sm90", "bf16", 128), Sm90FwdConfig(overlap=False, max_free=True), "overlapped"),
 ])
 def test_infeasible_reason_explains_rejections(key, cfg, reason):
     why = sm90_infeasible_reason(key, cfg)

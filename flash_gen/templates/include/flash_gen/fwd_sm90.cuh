@@ -46,7 +46,7 @@ namespace flash_gen {
 template <class Element_, int kHeadDim_, int kConsumers_, int kBlockN_, int kStages_, bool kPingPong_,
           bool kPersistent_, Mask kMask_, bool kSoftcap_, bool kAlibi_, bool kVarlen_, bool kOverlap_,
           bool kPInSmem_, bool kPackGqa_, int kCluster_, bool kSplit_, bool kKvCache_, bool kOInV_, bool kDropout_,
-          bool kAlign_, bool kStreamK_>
+          bool kAlign_, bool kStreamK_, bool kMaxFree_>
 struct Sm90FwdTraits {
   using Element = Element_;
   // The head dim, a multiple of 16 (the wgmma K step) or rounded up to 64 (flash_gen.spec_sm90.sm90_head_dim): the
@@ -65,6 +65,11 @@ struct Sm90FwdTraits {
   static constexpr bool kOverlap = kOverlap_;
   // The P V GEMM reads P from shared memory (SS) instead of registers (RS): P is stored after its conversion.
   static constexpr bool kPInSmem = kPInSmem_;
+  // Max-free steps ("_mf"): after a tile's first key step, the overlapped steps take P from the reference maxima as
+  // they stand, without the tile's maximum (online_softmax_max_free); a warpgroup where an element would exceed
+  // 2^15 recomputes that S GEMM (K is released after the softmax) and takes the usual step.
+  static constexpr bool kMaxFree = kMaxFree_;
+  static_assert(!kMaxFree || kOverlap_);
   static constexpr int kConsumerThreads = 128 * kConsumers;
   static constexpr int kNThreads = 128 + kConsumerThreads;  // the producer warpgroup first
   // setmaxnreg budgets (multiples of 8) filling the 64K-register file: producer + consumers, per CTA on the SM.
@@ -160,6 +165,7 @@ struct Sm90FwdTraits {
   // consumer warpgroups'.
   static constexpr int kProducerBarrierId = 3 * kConsumers + 1;
   static constexpr int kConsumersBarrierId = 3 * kConsumers + 2;
+  static constexpr int kMaxFreeVoteBarrierId = 3 * kConsumers + 3;  // + consumer warpgroup: ids up to 14 of 16
   static constexpr int kQBytes = int(sizeof(Element)) * kBlockM * kHeadDim;
   static constexpr int kKVTileBytes = int(sizeof(Element)) * kBlockN * kHeadDim;
   // O leaves through shared memory. Persistent CTAs stage it in a buffer of its own, so the next tile's Q can load
@@ -686,7 +692,7 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
     // S_n = Q K_n^T, modified (softcap, ALiBi), masked and turned into P_n in place (fp32). Whether a key tile
     // needs the element-wise mask is decided on this warpgroup's 64 rows, not the CTA's: with 192-row tiles a
     // warpgroup meets the diagonal in fewer key tiles than the CTA does.
-    auto scores = [&](int n) {
+    auto modify_and_mask = [&](int n) {
       apply_score_mods<T::kSoftcap, T::kAlibi>(s_rc, tScS_rc, row0, n * kBlockN, diag, p.score_scale, slope);
       if (tile_is_cut<T::kMask>(row0 + wg_rows * wg, wg_rows, n * kBlockN, kBlockN, tile.seqlen_k, diag,
                                 p.window_left, p.window_right)) {
@@ -694,7 +700,30 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
         mask_tile<T::kMask, T::kPackGqa>(s_rc, tScS_rc, T::kPackGqa ? group * (row0 + wg_rows * wg) - 64 * wg : row0,
                                           n * kBlockN, tile.seqlen_k, diag, p.window_left, p.window_right, group);
       }
-      o_scale_pending = online_softmax_lazy(s_rc, row_max, row_sum, o_scale, p.scale_log2);
+    };
+    // max_free_stage >= 0 (kMaxFree, a step whose K stage is still held): first without the tile's maximum; where
+    // that fails in any thread of the warpgroup, S again from that stage (waiting for the P V GEMM in flight too).
+    auto scores = [&](int n, int max_free_stage = -1) {
+      modify_and_mask(n);
+      bool done = false;
+      if constexpr (T::kMaxFree) {
+        if (max_free_stage >= 0) {
+          float tile_sum[kRows];
+          const bool ok = online_softmax_max_free(s_rc, row_max, tile_sum, p.scale_log2);
+          done = !named_barrier_any(!ok, T::kMaxFreeVoteBarrierId + wg, 128);
+          if (done) {
+            CUTE_UNROLL
+            for (int r = 0; r < kRows; ++r) row_sum[r] += tile_sum[r];
+            o_scale_pending = false;
+          } else {
+            issue_s(max_free_stage);
+            warpgroup_wait<0>();
+            warpgroup_fence_operand(acc_s);
+            modify_and_mask(n);
+          }
+        }
+      }
+      if (!done) o_scale_pending = online_softmax_lazy(s_rc, row_max, row_sum, o_scale, p.scale_log2);
       if constexpr (T::kDropout) {  // after the row sums, which count every probability
         dropout_scores<true>(s_rc, tScS_rc, row0, n * kBlockN, rng, [](float& x, bool kept) { x = kept ? x : 0.f; });
       }
@@ -791,9 +820,15 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
         pass_turn();
         warpgroup_wait<1>();  // S_n done, P V still running
         warpgroup_fence_operand(acc_s);
-        release_kv(bars.k_empty[stage]);
-        release_q_after(n);
-        scores(n);
+        if constexpr (T::kMaxFree) {  // K (and Q) stay until the softmax no longer needs S again
+          scores(n, stage);
+          release_kv(bars.k_empty[stage]);
+          release_q_after(n);
+        } else {
+          release_kv(bars.k_empty[stage]);
+          release_q_after(n);
+          scores(n);
+        }
       }
       // P V of the last key step.
       finish_pv();

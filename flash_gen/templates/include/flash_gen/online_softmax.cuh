@@ -48,4 +48,32 @@ __device__ __forceinline__ bool online_softmax_lazy(S& s, float (&row_max)[kRows
   return raised;
 }
 
+// A key tile without its maximum (kMaxFree, fwd_sm90.cuh): P = exp2(s * scale_log2 - row_max * scale_log2) with the
+// reference maxima as they stand, one FMNMX per element less, and the thread's partial sums of its rows in tile_sum
+// (to add to the row sums once every thread that shares the tile's fate agrees). Exact while every element stays
+// below 2^kFreeMaxLog2 (fp16 P: 65504), which those sums bound; where one does not (or a row has no reference yet),
+// returns false with s destroyed: the caller recomputes S and takes online_softmax_lazy.
+constexpr float kFreeMaxLog2 = 15.f;
+
+template <int kRows, class S>
+__device__ __forceinline__ bool online_softmax_max_free(S& s, float const (&row_max)[kRows], float (&tile_sum)[kRows],
+                                                        float scale_log2) {
+  constexpr int kCols = decltype(size<1>(s))::value;
+  bool ok = true;
+  CUTE_UNROLL
+  for (int r = 0; r < kRows; ++r) {
+    const float m_scaled = row_max[r] * scale_log2;
+    float sum[4] = {0.f, 0.f, 0.f, 0.f};
+    CUTE_UNROLL
+    for (int c = 0; c < kCols; ++c) {
+      s(r, c) = fast_exp2(s(r, c) * scale_log2 - m_scaled);
+      sum[c % 4] += s(r, c);
+    }
+    tile_sum[r] = (sum[0] + sum[1]) + (sum[2] + sum[3]);
+    // False for inf and NaN too: a row with no reference yet (-inf) gets exp2(inf), or -inf - -inf where masked.
+    ok &= tile_sum[r] <= exp2f(kFreeMaxLog2);
+  }
+  return ok;
+}
+
 }  // namespace flash_gen
