@@ -142,7 +142,7 @@ CASES = [  # dtype, head dim, config, mask, batch, seqlen_q, seqlen_k, nheads, n
     ("fp16", 128, "wgm128n176s2p_c2", "none", 1, 1, 2000, 2, 2, ""),
     ("bf16", 128, "wgm128n128s2_c2_persist", "none", 2, 37, 700, 16, 2, "pack"),
     # max-free steps ("_mf"): rising scores (S recomputed where P would pass 2^15), windows whose rows start without
-    # a reference maximum, causal and ragged tiles, packed heads, softcap, ALiBi, O in the V ring
+    # a reference maximum, causal and ragged tiles, packed heads, softcap, ALiBi
     ("bf16", 128, "wgm128n128s2p_mf_persist", "none", 4, 1000, 700, 8, 2, "rising"),
     ("bf16", 128, "wgm128n128s2p_mf_persist", "causal", 2, 1000, 1300, 8, 2, ""),
     ("fp16", 64, "wgm128n128s3p_mf_persist", "causal", 3, 777, 555, 16, 16, "rising"),
@@ -150,7 +150,6 @@ CASES = [  # dtype, head dim, config, mask, batch, seqlen_q, seqlen_k, nheads, n
     ("bf16", 96, "wgm128n128s2_mf_persist", "win32_0", 2, 300, 900, 8, 2, "pack"),
     ("fp16", 128, "wgm128n128s2p_mf", "none", 1, 257, 2000, 4, 1, "alibi"),
     ("fp16", 128, "wgm128n128s2p_mf_persist", "none", 2, 2000, 2000, 16, 4, ""),  # tuned, s<=4k
-    ("bf16", 256, "wgm128n64s2_mf_persist", "causal", 2, 1000, 700, 8, 2, "rising"),
 ]
 
 

@@ -32,7 +32,7 @@ def test_config_names_round_trip_and_other_names_are_not_sm90():
                 Sm90FwdConfig(176, 3, overlap=False, cluster=2, persistent=True),
                 Sm90FwdConfig(112, 2, block_m=192, p_in_smem=True, align=True, cluster=2, persistent=True),
                 Sm90FwdConfig(128, 2, persistent=True, max_free=True),
-                Sm90FwdConfig(64, 3, block_m=192, p_in_smem=True, align=True, cluster=2, max_free=True)):
+                Sm90FwdConfig(64, 3, block_m=192, p_in_smem=True, align=True, cluster=2, max_free=True)):  # name only
         assert sm90_config_from_name(cfg.name) == cfg
     assert sm90_config_from_name("m128n64w4s2") is None
 
@@ -59,6 +59,8 @@ def test_config_names_round_trip_and_other_names_are_not_sm90():
     (FwdKey("sm90", "bf16", 72, varlen=True, kv="cache"), Sm90FwdConfig(64, block_m=192, align=True), "dense K/V"),
     (FwdKey("sm90", "bf16", 72, split=True), Sm90FwdConfig(112, block_m=192, align=True), "dense K/V"),
     (FwdKey("sm90", "bf16", 128), Sm90FwdConfig(overlap=False, max_free=True), "overlapped"),
+    (FwdKey("sm90", "bf16", 64), Sm90FwdConfig(block_m=192, max_free=True), "three consumer warpgroups"),
+    (FwdKey("sm90", "bf16", 256), Sm90FwdConfig(64, max_free=True), "above 128"),
 ])
 def test_infeasible_reason_explains_rejections(key, cfg, reason):
     why = sm90_infeasible_reason(key, cfg)
