@@ -6,6 +6,8 @@ should see, to run under `compute-sanitizer --tool racecheck` on an sm90 GPU:
 - causal and windowed calls through tilings whose warpgroups skip or halve their last key steps;
 - persistent tilings with more query tiles than CTAs, so each CTA stages O for several tiles in its own buffer
   while the previous tile's TMA stores may still read it, or (head dim 256) in the V ring the next tile loads;
+- max-free steps ("_mf") on keys scaled up along the sequence, so that warps take the repair that reads Q and the
+  held K stage from shared memory again (warp_scores.cuh) before releasing them;
 - backward tilings that stage dS and dQ in shared memory between the warpgroups (bulk dQ, decoupled warpgroups
   with double-buffered dS), at head dims computed as 96 (other swizzles and dQ boxes) and 128.
 Only races are checked here (the GPU tests check results). The tilings are those of tests/test_fwd_sm90_gpu.py,
@@ -38,6 +40,10 @@ CASES = [  # dtype, head dim, tiling, batch, seqlen_q, seqlen_k, heads, causal, 
     (torch.bfloat16, 64, "wgm192n128s4_persist", 2, 1300, 1300, 40, True, (-1, -1)),
     # head dim 72 with aligned rows: odd heads' O staged rotated back by one 8-column block
     (torch.bfloat16, 72, "wgm192n96s4p_al_persist", 2, 1100, 1100, 40, True, (-1, -1)),
+    # max-free steps, two and three consumer warpgroups (rising keys)
+    (torch.bfloat16, 128, "wgm128n128s2p_mf_persist", 1, 1000, 1300, 2, False, (-1, -1)),
+    (torch.bfloat16, 64, "wgm192n128s3_mf_persist", 1, 1000, 1300, 2, True, (-1, -1)),
+    (torch.bfloat16, 128, "wgm192n80s3_mf_persist", 2, 1100, 1100, 40, False, (-1, -1)),
 ]
 
 
@@ -55,6 +61,8 @@ def main() -> None:
     for dtype, head_dim, name, batch, seqlen_q, seqlen_k, heads, causal, window in CASES:
         q = torch.randn(batch, seqlen_q, heads, head_dim, device="cuda", dtype=dtype)
         k, v = (torch.randn(batch, seqlen_k, heads, head_dim, device="cuda", dtype=dtype) for _ in range(2))
+        if "_mf" in name:
+            k = k * torch.linspace(0.25, 6.0, seqlen_k, device="cuda")[None, :, None, None].to(dtype)
         attention_fwd(q, k, v, softmax_scale=head_dim**-0.5, causal=causal, window_size=window, softcap=0.0,
                       alibi_slopes=None, config=fwd_tilings.config_from_name(name))
     for dtype, head_dim, name, batch, seqlen_q, seqlen_k, heads, heads_k, causal in BWD_CASES:

@@ -150,6 +150,11 @@ CASES = [  # dtype, head dim, config, mask, batch, seqlen_q, seqlen_k, nheads, n
     ("bf16", 96, "wgm128n128s2_mf_persist", "win32_0", 2, 300, 900, 8, 2, "pack"),
     ("fp16", 128, "wgm128n128s2p_mf", "none", 1, 257, 2000, 4, 1, "alibi"),
     ("fp16", 128, "wgm128n128s2p_mf_persist", "none", 2, 2000, 2000, 16, 4, ""),  # tuned, s<=4k
+    # and with three consumer warpgroups (192 rows)
+    ("bf16", 64, "wgm192n128s3_mf_persist", "causal", 3, 777, 555, 16, 16, "rising"),
+    ("fp16", 128, "wgm192n80s3_mf_persist", "none", 2, 1000, 1300, 8, 2, "rising"),
+    ("bf16", 128, "wgm192n80s3_mf_persist", "win32_0", 2, 300, 900, 8, 2, "pack"),
+    ("bf16", 64, "wgm192n128s4p_mf", "none", 1, 257, 700, 4, 1, "rising"),
 ]
 
 
@@ -291,6 +296,23 @@ def test_sm90_same_shape_new_addresses_get_their_own_tma_maps():
         low, _ = attention_ref(q, k, v, scale=128**-0.5, causal=False, window=(-1, -1), softcap=0.0,
                                alibi_slopes=None, upcast=False)
         assert (out.double() - ref).abs().max() <= 2 * (low.double() - ref).abs().max() + 1e-5
+
+
+@pytest.mark.parametrize("name", ["wgm128n128s2p_mf_persist", "wgm192n128s3_mf_persist"])
+def test_sm90_max_free_steps_end_on_nan_scores(name):
+    """A NaN score fails a max-free step's check every time: the warp repairs once, then passes the NaN on (the row
+    comes out NaN, as with the usual step) instead of repeating; every other row matches the reference."""
+    gen = torch.Generator(device="cuda").manual_seed(fresh_seed())
+    q, k, v = (torch.randn(1, n, 4, 64, generator=gen, device="cuda", dtype=torch.bfloat16) for n in (300, 700, 700))
+    k[0, 400, 1, 7] = float("nan")  # a key past the first key tile: every row of head 1 meets it in a max-free step
+    out, _ = _run(q, k, v, sm90_config_from_name(name), False, (-1, -1))
+    assert out[:, :, 1].isnan().all()
+    keep = [0, 2, 3]
+    ref, _ = attention_ref(q[:, :, keep], k[:, :, keep], v[:, :, keep], scale=64**-0.5, causal=False,
+                           window=(-1, -1), softcap=0.0, alibi_slopes=None, upcast=True)
+    low, _ = attention_ref(q[:, :, keep], k[:, :, keep], v[:, :, keep], scale=64**-0.5, causal=False,
+                           window=(-1, -1), softcap=0.0, alibi_slopes=None, upcast=False)
+    assert (out[:, :, keep].double() - ref).abs().max() <= 2 * (low.double() - ref).abs().max() + 1e-5
 
 
 @pytest.mark.skipif(shutil.which("cuobjdump") is None, reason="needs cuobjdump")

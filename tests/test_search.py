@@ -329,16 +329,15 @@ def test_precompile_fills_the_kernel_cache_for_the_tune(tmp_path, monkeypatch, c
     """--precompile compiles a family's feasible space in batches with no GPU; the tune's compile step then finds
     every kernel in the cache (the sm90 hdim 256 causal space: 24 tilings, 4 key tiles and ping-pong settings with
     and without intra-warpgroup overlap, P from registers or, where it fits, from shared memory, one CTA per tile
-    or persistent with O in the V ring; one of them spills)."""
+    or persistent with O in the V ring; none spills since Q's descriptors stay in uniform registers, 2026-12-06)."""
     from flash_gen.search.tune import compile_candidate, precompile
 
     monkeypatch.setenv("FLASH_GEN_CACHE_DIR", str(tmp_path))  # inherited by the compile worker processes
     fam = space.Family("fwd", "sm90", "bf16", 256, "causal")
     assert precompile([fam], jobs=2) == 0
-    assert "24 kernels in 1 families: 0 were cached, 24 compiled (1 spill" in capsys.readouterr().out
+    assert "24 kernels in 1 families: 0 were cached, 24 compiled (0 spill" in capsys.readouterr().out
     start = time.monotonic()
-    rejected = [r for r in (compile_candidate(fam, cfg) for cfg in space.feasible_configs(fam)) if r is not None]
-    assert len(rejected) == 1 and "spilled" in rejected[0].reason
+    assert all(compile_candidate(fam, cfg) is None for cfg in space.feasible_configs(fam))  # none rejected
     assert time.monotonic() - start < 5  # cache hits, not compiles
     assert precompile([fam], jobs=2) == 0
     assert "24 were cached, 0 compiled" in capsys.readouterr().out

@@ -59,8 +59,8 @@ def test_config_names_round_trip_and_other_names_are_not_sm90():
     (FwdKey("sm90", "bf16", 72, varlen=True, kv="cache"), Sm90FwdConfig(64, block_m=192, align=True), "dense K/V"),
     (FwdKey("sm90", "bf16", 72, split=True), Sm90FwdConfig(112, block_m=192, align=True), "dense K/V"),
     (FwdKey("sm90", "bf16", 128), Sm90FwdConfig(overlap=False, max_free=True), "overlapped"),
-    (FwdKey("sm90", "bf16", 64), Sm90FwdConfig(block_m=192, max_free=True), "three consumer warpgroups"),
     (FwdKey("sm90", "bf16", 256), Sm90FwdConfig(64, max_free=True), "above 128"),
+    (FwdKey("sm90", "bf16", 64, softcap=True), Sm90FwdConfig(block_m=192, max_free=True), "softcap, ALiBi"),
 ])
 def test_infeasible_reason_explains_rejections(key, cfg, reason):
     why = sm90_infeasible_reason(key, cfg)

@@ -40,6 +40,7 @@
 #include "flash_gen/sm90_sync.cuh"
 #include "flash_gen/sm90_wgmma.cuh"
 #include "flash_gen/visible_keys.cuh"
+#include "flash_gen/warp_scores.cuh"
 
 namespace flash_gen {
 
@@ -66,8 +67,9 @@ struct Sm90FwdTraits {
   // The P V GEMM reads P from shared memory (SS) instead of registers (RS): P is stored after its conversion.
   static constexpr bool kPInSmem = kPInSmem_;
   // Max-free steps ("_mf"): after a tile's first key step, the overlapped steps take P from the reference maxima as
-  // they stand, without the tile's maximum (online_softmax_max_free); a warpgroup where an element would exceed
-  // 2^15 recomputes that S GEMM (K is released after the softmax) and takes the usual step.
+  // they stand, without the tile's maximum (online_softmax_max_free); a warp where an element would exceed 2^15
+  // computes its rows of S again by mma.sync (warp_scores: Q and K are released after the softmax), raises their
+  // maxima and repeats the step.
   static constexpr bool kMaxFree = kMaxFree_;
   static_assert(!kMaxFree || kOverlap_);
   static constexpr int kConsumerThreads = 128 * kConsumers;
@@ -165,7 +167,6 @@ struct Sm90FwdTraits {
   // consumer warpgroups'.
   static constexpr int kProducerBarrierId = 3 * kConsumers + 1;
   static constexpr int kConsumersBarrierId = 3 * kConsumers + 2;
-  static constexpr int kMaxFreeVoteBarrierId = 3 * kConsumers + 3;  // + consumer warpgroup: ids up to 14 of 16
   static constexpr int kQBytes = int(sizeof(Element)) * kBlockM * kHeadDim;
   static constexpr int kKVTileBytes = int(sizeof(Element)) * kBlockN * kHeadDim;
   // O leaves through shared memory. Persistent CTAs stage it in a buffer of its own, so the next tile's Q can load
@@ -579,7 +580,9 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
   constexpr int kRows = decltype(size<0>(o_rc))::value;
   float row_max[kRows], row_sum[kRows];
 
-  Tensor tSrQ = thr_s.partition_fragment_A(sQ);  // smem descriptors
+  // Q's smem descriptors, the same for the warpgroup's threads: from the warp-uniform wg, so they stay in uniform
+  // registers instead of taking 2 per k16 step from the consumer's 160 (three warpgroups).
+  Tensor tSrQ = mma_s.get_thread_slice(128 * wg).partition_fragment_A(sQ);
   Tensor tScS = thr_s.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
   Tensor tScS_rc = make_tensor(tScS.data(), gmma_rowcol(tScS.layout()));
   Tensor acc_s = partition_fragment_C(mma_s, Shape<Int<kBlockM>, Int<kBlockN>>{});
@@ -701,26 +704,28 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
                                           n * kBlockN, tile.seqlen_k, diag, p.window_left, p.window_right, group);
       }
     };
-    // max_free_stage >= 0 (kMaxFree, a step whose K stage is still held): first without the tile's maximum; where
-    // that fails in any thread of the warpgroup, S again from that stage (waiting for the P V GEMM in flight too).
+    // max_free_stage >= 0 (kMaxFree, a step whose Q and K stage are still held): without the tile's maximum; where
+    // that fails in any thread of the warp, the warp computes its rows of S again from shared memory alone, raises
+    // their maxima and repeats, once (a second failure is a NaN score, which the step then passes on as is).
     auto scores = [&](int n, int max_free_stage = -1) {
       modify_and_mask(n);
       bool done = false;
       if constexpr (T::kMaxFree) {
         if (max_free_stage >= 0) {
           float tile_sum[kRows];
-          const bool ok = online_softmax_max_free(s_rc, row_max, tile_sum, p.scale_log2);
-          done = !named_barrier_any(!ok, T::kMaxFreeVoteBarrierId + wg, 128);
-          if (done) {
-            CUTE_UNROLL
-            for (int r = 0; r < kRows; ++r) row_sum[r] += tile_sum[r];
-            o_scale_pending = false;
-          } else {
-            issue_s(max_free_stage);
-            warpgroup_wait<0>();
-            warpgroup_fence_operand(acc_s);
+          bool raised = false;
+#pragma unroll 1
+          for (int attempt = 0;; ++attempt) {
+            const bool ok = online_softmax_max_free(s_rc, row_max, tile_sum, p.scale_log2);
+            if (__all_sync(0xffffffff, ok) || attempt == 1) break;
+            warp_scores(sQ, sK(_, _, max_free_stage), 16 * (tidx / 32), s_rc);
             modify_and_mask(n);
+            raised = raise_row_max(s_rc, row_max, o_scale, p.scale_log2);
           }
+          CUTE_UNROLL
+          for (int r = 0; r < kRows; ++r) row_sum[r] = (raised ? row_sum[r] * o_scale[r] : row_sum[r]) + tile_sum[r];
+          o_scale_pending = raised;
+          done = true;
         }
       }
       if (!done) o_scale_pending = online_softmax_lazy(s_rc, row_max, row_sum, o_scale, p.scale_log2);

@@ -51,8 +51,9 @@ __device__ __forceinline__ bool online_softmax_lazy(S& s, float (&row_max)[kRows
 // A key tile without its maximum (kMaxFree, fwd_sm90.cuh): P = exp2(s * scale_log2 - row_max * scale_log2) with the
 // reference maxima as they stand, one FMNMX per element less, and the thread's partial sums of its rows in tile_sum
 // (to add to the row sums once every thread that shares the tile's fate agrees). Exact while every element stays
-// below 2^kFreeMaxLog2 (fp16 P: 65504), which those sums bound; where one does not (or a row has no reference yet),
-// returns false with s destroyed: the caller recomputes S and takes online_softmax_lazy.
+// below 2^kFreeMaxLog2 (fp16 P: 65504), which those sums bound; where one does not, or a row without a reference
+// (-inf, taken as 0 here) sees a key, returns false with s destroyed: the caller computes S again, raises the
+// maxima (raise_row_max) and repeats.
 constexpr float kFreeMaxLog2 = 15.f;
 
 template <int kRows, class S>
@@ -62,7 +63,8 @@ __device__ __forceinline__ bool online_softmax_max_free(S& s, float const (&row_
   bool ok = true;
   CUTE_UNROLL
   for (int r = 0; r < kRows; ++r) {
-    const float m_scaled = row_max[r] * scale_log2;
+    const bool has_max = row_max[r] != -inf();
+    const float m_scaled = has_max ? row_max[r] * scale_log2 : 0.f;
     float sum[4] = {0.f, 0.f, 0.f, 0.f};
     CUTE_UNROLL
     for (int c = 0; c < kCols; ++c) {
@@ -70,10 +72,32 @@ __device__ __forceinline__ bool online_softmax_max_free(S& s, float const (&row_
       sum[c % 4] += s(r, c);
     }
     tile_sum[r] = (sum[0] + sum[1]) + (sum[2] + sum[3]);
-    // False for inf and NaN too: a row with no reference yet (-inf) gets exp2(inf), or -inf - -inf where masked.
-    ok &= tile_sum[r] <= exp2f(kFreeMaxLog2);
+    // False for NaN too (a NaN score).
+    ok &= tile_sum[r] <= exp2f(kFreeMaxLog2) && (has_max || tile_sum[r] == 0.f);
   }
   return ok;
+}
+
+// A max-free step's repair, on S computed again: each row's reference rises to the tile's maximum where that exceeds
+// it, o_scale[r] bringing O and the row sum along (1 where it stays). Then every element of the step is at most 1.
+// Returns whether this thread raised any row.
+template <int kRows, class S>
+__device__ __forceinline__ bool raise_row_max(S const& s, float (&row_max)[kRows], float (&o_scale)[kRows],
+                                              float scale_log2) {
+  constexpr int kCols = decltype(size<1>(s))::value;
+  bool raised = false;
+  CUTE_UNROLL
+  for (int r = 0; r < kRows; ++r) {
+    float m = s(r, 0);
+    CUTE_UNROLL
+    for (int c = 1; c < kCols; ++c) m = fmaxf(m, s(r, c));
+    const float tile_max = quad_max(m);
+    const bool raise = tile_max > row_max[r];
+    o_scale[r] = raise ? fast_exp2((row_max[r] - tile_max) * scale_log2) : 1.f;  // 0 for a row without a reference
+    if (raise) row_max[r] = tile_max;
+    raised |= raise;
+  }
+  return raised;
 }
 
 }  // namespace flash_gen

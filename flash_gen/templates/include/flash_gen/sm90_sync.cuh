@@ -101,17 +101,6 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
 __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
-// Whether `pred` holds in any of the `threads` threads meeting at named barrier `id` (which all wait for it).
-__device__ __forceinline__ bool named_barrier_any(bool pred, int id, int threads) {
-  uint32_t any;
-  asm volatile(
-      "{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n barrier.red.or.pred q, %2, %3, p;\n selp.u32 %0, 1, 0, q;\n}"
-      : "=r"(any)
-      : "r"(uint32_t(pred)), "r"(id), "r"(threads)
-      : "memory");
-  return any;
-}
-
 // Hand registers between warpgroups: the producer gives up what it does not need, the consumers take it.
 template <int kRegs>
 __device__ __forceinline__ void release_registers() {
