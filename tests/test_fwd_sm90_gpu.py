@@ -155,6 +155,8 @@ CASES = [  # dtype, head dim, config, mask, batch, seqlen_q, seqlen_k, nheads, n
     ("fp16", 128, "wgm192n80s3_mf_persist", "none", 2, 1000, 1300, 8, 2, "rising"),
     ("bf16", 128, "wgm192n80s3_mf_persist", "win32_0", 2, 300, 900, 8, 2, "pack"),
     ("bf16", 64, "wgm192n128s4p_mf", "none", 1, 257, 700, 4, 1, "rising"),
+    ("bf16", 64, "wgm192n128s4_mf_persist", "none", 2, 2000, 2000, 16, 4, ""),  # tuned, s<=4k and s>4k
+    ("fp16", 64, "wgm192n128s4_mf_persist", "causal", 2, 1000, 1300, 16, 4, "rising"),  # tuned, s>4k
 ]
 
 
@@ -217,6 +219,8 @@ SK_CASES = [  # dtype, head dim, config, batch, seqlen_q, seqlen_k, nheads_k, gr
     ("fp16", 96, "wgm128n128s2_persist", 1, 300, 1000, 3, 1, 0, 40, ""),  # fewer tiles than CTAs
     ("bf16", 128, "wgm128n128s2_persist", 2, 37, 1300, 2, 8, 0, 50, ""),  # GQA, few query positions
     ("bf16", 128, "wgm128n128s2p_mf_persist", 1, 1000, 777, 17, 1, 1, 4, "rising"),  # max-free steps
+    ("bf16", 64, "wgm192n128s4_mf_persist", 2, 777, 2000, 16, 1, 1, 20, "rising"),  # and with 192 rows
+    ("fp16", 128, "wgm192n80s3_mf_persist", 1, 1000, 1300, 8, 2, 1, 10, ""),
 ]
 
 
