@@ -203,13 +203,15 @@ def variants(arch: str,
         for d, mask in itertools.product((64, 128, 256), ("none", "causal")):  # flash-gen bench --dropout
             out.update((default("bf16", d, mask, dropout=True), default_bwd("bf16", d, mask, dropout=True)))
     # Tilings the shipped tuning database picks for keys the suites use (the runtime prefers them), their own
-    # entries or, for the Hopper forward, those of the head dim they compute.
+    # entries or every tiling derived from the head dim they compute (the runtime takes the first without spills).
+    from flash_gen import tuned
     from flash_gen.spec import BUCKETS
-    from flash_gen.tuned import tuned_config
 
     for key in {key for key, _ in out}:
         direction = "bwd" if isinstance(key, BwdKey) else "fwd"
-        out.update((key, cfg) for cfg in (tuned_config(key, b) for b, _ in BUCKETS[direction]) if cfg is not None)
+        for bucket, _ in BUCKETS[direction]:
+            own = tuned.shipped(key.arch).live_config(key, bucket)
+            out.update((key, cfg) for cfg in ((own,) if own is not None else tuned.derived_configs(key, bucket)))
     return out
 
 

@@ -163,6 +163,15 @@ def test_head_dims_compute_exactly_in_multiples_of_32_and_at_16_48_80(monkeypatc
     # with aligned rows: 88's odd heads start mid-sector (176-byte rows)
     assert tuned.tuned_config(key88, "s>4k").name == "wgm192n80s3_al" and tuned.tuned_config(key88, "s<=4k") is None
     assert tuned.tuned_config(key72, "s>4k").name == "wgm192n112s3_persist"  # its own entry first
+    # the aligned form, then the entry as is (the runtime takes the first without spills)
+    assert [c.name for c in tuned.derived_configs(key88, "s>4k")] == ["wgm192n80s3_al", "wgm192n80s3"]
+    assert tuned.derived_configs(key88, "s<=4k") == ()
+    from flash_gen.runtime import loader
+
+    spilled = []
+    monkeypatch.setattr(loader, "_spill_bytes", lambda key, cfg: spilled.append(cfg.name) or 4 * cfg.align)
+    assert loader.tuned_config(key88, "s>4k").name == "wgm192n80s3" and spilled == ["wgm192n80s3_al", "wgm192n80s3"]
+    assert loader.tuned_config(key72, "s>4k").name == "wgm192n112s3_persist" and len(spilled) == 2  # tuned as is
     # the defaults of head dims 8 mod 16 align their rows where the key can shift columns; the unaligned head follows
     # (aligning costs registers) and still counts as the default a tuned entry was measured against
     chain = fwd_tilings.default_configs(key88)

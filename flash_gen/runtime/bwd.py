@@ -28,7 +28,6 @@ from flash_gen.runtime.score_params import (
 from flash_gen.spec import bucket_name
 from flash_gen.spec_bwd import BwdKey
 from flash_gen.spec_bwd_sm90 import Sm90BwdConfig, sm90_bwd_box_cols, sm90_bwd_dq_box_cols
-from flash_gen.tuned import tuned_config
 
 _AUX_THREADS, _AUX_ROWS = 128, 32  # kAuxThreads, kAuxRows in templates/include/flash_gen/bwd_aux.cuh
 
@@ -121,7 +120,7 @@ def _variant(device: int, dtype: str, head_dim: int, mask: str, softcap: bool, a
     if var is None:
         key = BwdKey(driver.device_arch(device), dtype, head_dim, mask, softcap, alibi, varlen, deterministic,
                      dropout)
-        cfg = config or _forced_config(key) or tuned_config(key, bucket) or loader.spill_free_config(key)
+        cfg = config or _forced_config(key) or loader.tuned_config(key, bucket) or loader.spill_free_config(key)
         why = bwd_tilings.infeasible_reason(key, cfg)
         if why is not None:
             raise ValueError(f"config: {cfg.name} cannot run {key.name}: {why}")

@@ -40,7 +40,6 @@ from flash_gen.spec_sm90 import (
     sm90_stream_k,
     stream_k_plan,
 )
-from flash_gen.tuned import tuned_config
 
 if TYPE_CHECKING:  # run_fwd's cache argument; that module imports this one
     from flash_gen.runtime.fwd_kvcache import KvCache
@@ -147,7 +146,7 @@ def _config(key: FwdKey, bucket: str, start: FwdTiling | None = None) -> FwdTili
         cfg = fwd_tilings.config_from_name(forced)
         if fwd_tilings.infeasible_reason(key, cfg) is None:
             return cfg
-    tuned = tuned_config(key, bucket)
+    tuned = loader.tuned_config(key, bucket)
     if tuned is not None and type(tuned) is type(start or fwd_tilings.default_config(key)):
         return tuned
     return loader.spill_free_config(key, start)

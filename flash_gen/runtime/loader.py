@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from flash_gen import tuned
 from flash_gen.build import library, spill_free
 from flash_gen.gen.render import entry_name, render_many
 from flash_gen.runtime import driver
@@ -46,6 +47,20 @@ def spill_free_config(key: spill_free.Key, start: spill_free.Tiling | None = Non
     (flash_gen.build.spill_free), found through the library, the cache or NVRTC once per key and process."""
     cfg = _spill_free.get((key, start))
     if cfg is None:
-        cfg = _spill_free[key, start] = spill_free.choose(
-            key, lambda c: library.obtain(render_many([(key, c)]), entry_name(key, c), key.arch)[1], start)
+        cfg = _spill_free[key, start] = spill_free.choose(key, lambda c: _spill_bytes(key, c), start)
     return cfg
+
+
+def tuned_config(key: spill_free.Key, bucket: str) -> spill_free.Tiling | None:
+    """The tuning database's tiling for `key` in `bucket`: the key's own entry (the tuner rejected spilling
+    candidates), else the first tiling derived from another head dim's entry (flash_gen.tuned.derived_configs)
+    that compiles for `key` without spills; None where there is none."""
+    own = tuned.shipped(key.arch).live_config(key, bucket)
+    if own is not None:
+        return own
+    return next((cfg for cfg in tuned.derived_configs(key, bucket) if _spill_bytes(key, cfg) == 0), None)
+
+
+def _spill_bytes(key: spill_free.Key, cfg: spill_free.Tiling) -> int:
+    """Spill bytes of `cfg`'s kernel for `key`, compiling it (library, cache, NVRTC) where need be."""
+    return library.obtain(render_many([(key, cfg)]), entry_name(key, cfg), key.arch)[1]

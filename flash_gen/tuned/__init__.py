@@ -94,23 +94,32 @@ def shipped(arch: str) -> TunedDb:
 
 
 def tuned_config(key, bucket: str):
-    """The tuned config for `key` in `bucket` (flash_gen.spec.bucket_name), or None. A Hopper forward key without
-    an entry of its own takes that of the head dim its kernel computes (spec_sm90.sm90_head_dim): 88 runs 128's
-    GEMMs, so 128's tiling, with aligned rows (spec_sm90.aligned_if_misaligned). Keys whose rows sit differently in
-    memory can differ more: 72 (as 80) has entries of its own. A Hopper backward key likewise takes those of the
-    head dim whose kernels it shares (spec_bwd_sm90.sm90_bwd_tuned_key: 72-88 96's, 104-120 128's,
-    136-184 192's, 200-248 256's)."""
-    db = shipped(key.arch)
-    cfg = db.live_config(key, bucket)
+    """The tuned config for `key` in `bucket` (flash_gen.spec.bucket_name), or None: its own entry, else the
+    first of derived_configs."""
+    own = shipped(key.arch).live_config(key, bucket)
+    if own is not None:
+        return own
+    derived = derived_configs(key, bucket)
+    return derived[0] if derived else None
+
+
+def derived_configs(key, bucket: str) -> tuple:
+    """For a key without an entry of its own in `bucket`: the tilings it may take from the entry of the head dim its
+    kernel computes (spec_sm90.sm90_head_dim), preferred first; () where there is none or the key cannot run it.
+    88 runs 128's GEMMs, so 128's tiling, with aligned rows (spec_sm90.aligned_if_misaligned), then as is: no tuner
+    compiled them for this head dim, so the runtime takes the first that compiles without spills (the aligned 192-row
+    max-free tiling of 128 spills 4 B at 120 causal). Keys whose rows sit differently in memory can differ more: 72
+    (as 80) has entries of its own. A Hopper backward key likewise takes those of the head dim whose kernels it
+    shares (spec_bwd_sm90.sm90_bwd_tuned_key: 72-88 96's, 104-120 128's, 136-184 192's, 200-248 256's)."""
     computed = computed_key(key)
-    if cfg is None and computed is not None:
-        cfg = db.live_config(computed, bucket)
-        tilings = bwd_tilings if isinstance(key, spec_bwd.BwdKey) else fwd_tilings
-        if cfg is not None and tilings.infeasible_reason(key, cfg) is not None:
-            cfg = None  # never one the key itself cannot run (the runtime would raise)
-        elif isinstance(cfg, spec_sm90.Sm90FwdConfig):
-            cfg = spec_sm90.aligned_if_misaligned(key, cfg)
-    return cfg
+    cfg = None if computed is None else shipped(key.arch).live_config(computed, bucket)
+    tilings = bwd_tilings if isinstance(key, spec_bwd.BwdKey) else fwd_tilings
+    if cfg is None or tilings.infeasible_reason(key, cfg) is not None:
+        return ()  # never one the key itself cannot run (the runtime would raise)
+    if isinstance(cfg, spec_sm90.Sm90FwdConfig):
+        aligned = spec_sm90.aligned_if_misaligned(key, cfg)
+        return (aligned, cfg) if aligned != cfg else (cfg,)
+    return (cfg,)
 
 
 def computed_key(key):
