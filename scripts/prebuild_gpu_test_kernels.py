@@ -267,6 +267,8 @@ def main() -> int:
                 print(f"  {c.entry}: {(c.error or '').splitlines()[0]}", flush=True)
             elif c.result.spills:  # kept: the tests check spilling tilings too (e.g. _qreg)
                 print(f"  {c.entry}: spills {c.result.spill_stores} bytes", flush=True)
+            if c.result is not None and c.result.wgmma_serialized:  # ptxas C7515: every wgmma waited for at once
+                print(f"  {c.entry}: wgmma serialized", flush=True)
         print(f"  batch of {len(batch)} ({batch[0].key.name}...) in {batch[0].seconds:.0f} s", flush=True)
 
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
