@@ -325,6 +325,31 @@ def test_candidates_are_measured_after_the_database_winners():
     assert seed_params(db, fam, bucket, candidates) == [dataclasses.asdict(winner), dataclasses.asdict(extra)]
 
 
+def test_a_small_space_is_measured_whole_rather_than_sampled(tmp_path):
+    """Head dim 256 causal: 24 of 10368 points pass the static model. `_candidates` enqueues the whole feasible space
+    after the named tilings, so a bucket measures one config after another; left to the sampler, four workers' asks
+    found no feasible point in a minute here (256 pruned trials, 2026-12-06)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from flash_gen.search.study import finished, search, seed_params
+    from flash_gen.search.tune import _candidates
+
+    fam = space.Family("fwd", "sm90", "bf16", 256, "causal")
+    feasible = list(space.feasible_configs(fam))
+    candidates = _candidates(fam, ("wgm128n80s2p_persist",))
+    assert candidates[0].name == "wgm128n80s2p_persist" and sorted(c.name for c in candidates) == sorted(
+        c.name for c in feasible)
+    assert len(_candidates(space.Family("fwd", "sm90", "bf16", 128, "causal"), ())) == 0  # a large space is sampled
+    bucket = space.buckets(fam)[1]
+    study = open_study("small", f"sqlite:///{tmp_path / 'tune.sqlite3'}", 0)
+    for params in seed_params(database.TunedDb("sm90"), fam, bucket, candidates):
+        study.enqueue_trial(params)
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        search(study, fam, prepare=lambda f, c: None, measure=lambda cfg: [1.0, 2.0], pool=pool, workers=4, trials=6,
+               deadline=time.monotonic() + 120)
+    assert len(finished(study)) == 6 and not any(t.state.name == "PRUNED" for t in study.get_trials())  # no asks
+
+
 def test_precompile_fills_the_kernel_cache_for_the_tune(tmp_path, monkeypatch, capsys):
     """--precompile compiles a family's feasible space in batches with no GPU; the tune's compile step then finds
     every kernel in the cache (the sm90 hdim 256 causal space: 24 tilings, 4 key tiles and ping-pong settings with
