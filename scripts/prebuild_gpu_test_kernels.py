@@ -209,9 +209,7 @@ def variants(arch: str,
 
     for key in {key for key, _ in out}:
         direction = "bwd" if isinstance(key, BwdKey) else "fwd"
-        for bucket, _ in BUCKETS[direction]:
-            own = tuned.shipped(key.arch).live_config(key, bucket)
-            out.update((key, cfg) for cfg in ((own,) if own is not None else tuned.derived_configs(key, bucket)))
+        out.update((key, cfg) for bucket, _ in BUCKETS[direction] for cfg in tuned.tuned_configs(key, bucket))
     return out
 
 

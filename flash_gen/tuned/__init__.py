@@ -94,13 +94,15 @@ def shipped(arch: str) -> TunedDb:
 
 
 def tuned_config(key, bucket: str):
-    """The tuned config for `key` in `bucket` (flash_gen.spec.bucket_name), or None: its own entry, else the
-    first of derived_configs."""
+    """The tuned config for `key` in `bucket` (flash_gen.spec.bucket_name), or None: the first of tuned_configs."""
+    configs = tuned_configs(key, bucket)
+    return configs[0] if configs else None
+
+
+def tuned_configs(key, bucket: str) -> tuple:
+    """`key`'s own entry in `bucket` alone, else derived_configs (the runtime takes the first without spills)."""
     own = shipped(key.arch).live_config(key, bucket)
-    if own is not None:
-        return own
-    derived = derived_configs(key, bucket)
-    return derived[0] if derived else None
+    return (own,) if own is not None else derived_configs(key, bucket)
 
 
 def derived_configs(key, bucket: str) -> tuple:
