@@ -6,7 +6,10 @@ longest-first and shortest-first, the last longest-first (Sm90Tile); each CTA ta
 tiles, snaking (sm90_tile_of_round). Here a tile costs its key steps plus one (its prologue and epilogue), for
 seqlen_q = seqlen_k on shared/ANCHORS.md's shapes; the ratio printed is the busiest CTA's work over the mean, so
 1.0 is a perfect balance. `--greedy` adds, for comparison, the same tile order handed to whichever CTA is free
-first (what one CTA per tile gets from the hardware's block scheduler).
+first (what one CTA per tile gets from the hardware's block scheduler). Each line also gives the K/V a round of
+tiles reads (per (batch, head) pair the longest key range of its tiles in the round), largest and mean over the
+rounds: the L2 working set the order asks for. `--section-pairs N` replaces the kernel's section width (pairs)
+by N, to weigh other widths.
 
     python3 benchmarks/persistent_balance.py --hdim 256 --block-m 128 --block-n 80 --seqlen 2048,4096,8192,16384
 """
@@ -15,27 +18,48 @@ from __future__ import annotations
 
 import argparse
 import heapq
+from typing import NamedTuple
 
 L2_SECTION_BYTES = 24 << 20  # kL2SectionBytes
 
 
-def tile_costs(seqlen: int, hdim: int, block_m: int, block_n: int, total_tokens: int, model_dim: int,
-               ctas: int) -> list[int]:
-    """Each tile's cost in the kernel's tile order (causal, seqlen_q = seqlen_k, the ragged tile first)."""
+class Tile(NamedTuple):
+    cost: int  # key steps plus one
+    pair: int  # (batch, head) pair
+    keys: int  # keys it reads: [0, keys)
+
+
+def tile_order(seqlen: int, hdim: int, block_m: int, block_n: int, total_tokens: int, model_dim: int,
+               ctas: int, section_pairs: int = 0) -> list[Tile]:
+    """The tiles in the kernel's order (causal, seqlen_q = seqlen_k, the ragged tile first); section_pairs > 0
+    replaces the kernel's section width."""
     pairs = (model_dim // hdim) * max(1, total_tokens // seqlen)
     m_blocks = -(-seqlen // block_m)
-    section = max(1, min(pairs, max(L2_SECTION_BYTES // (2 * seqlen * hdim * 2), -(-ctas // m_blocks))))
+    section = section_pairs or max(1, min(pairs, max(L2_SECTION_BYTES // (2 * seqlen * hdim * 2),
+                                                     -(-ctas // m_blocks))))
     sections = -(-pairs // section)
     shift = m_blocks * block_m - seqlen
-    costs = []
+    tiles = []
     for t in range(m_blocks * pairs):
         sec = t // (section * m_blocks)
         width = min(section, pairs - sec * section)
-        level = (t - sec * section * m_blocks) // width
+        r = t - sec * section * m_blocks
+        level = r // width
         m_block = level if (sections - 1 - sec) & 1 else m_blocks - 1 - level
         last_row = min((m_block + 1) * block_m - shift, seqlen) - 1
-        costs.append(last_row // block_n + 2)
-    return costs
+        tiles.append(Tile(last_row // block_n + 2, sec * section + r % width, last_row + 1))
+    return tiles
+
+
+def round_kv_mib(tiles: list[Tile], ctas: int, hdim: int) -> list[float]:
+    """Per round of `ctas` tiles, the K and V bytes (MiB, 16-bit) its tiles read, each pair counted once."""
+    out = []
+    for start in range(0, len(tiles), ctas):
+        keys: dict[int, int] = {}
+        for tile in tiles[start:start + ctas]:
+            keys[tile.pair] = max(keys.get(tile.pair, 0), tile.keys)
+        out.append(sum(2 * 2 * k * hdim for k in keys.values()) / 2**20)
+    return out
 
 
 def snaking_rounds(costs: list[int], ctas: int) -> list[int]:
@@ -65,14 +89,18 @@ def main() -> None:
     parser.add_argument("--total-tokens", type=int, default=32768)
     parser.add_argument("--model-dim", type=int, default=2048)
     parser.add_argument("--greedy", action="store_true")
+    parser.add_argument("--section-pairs", type=int, default=0, help="section width in pairs (default: the kernel's)")
     args = parser.parse_args()
     for seqlen in (int(s) for s in args.seqlen.split(",")):
-        costs = tile_costs(seqlen, args.hdim, args.block_m, args.block_n, args.total_tokens, args.model_dim,
-                           args.ctas)
+        tiles = tile_order(seqlen, args.hdim, args.block_m, args.block_n, args.total_tokens, args.model_dim,
+                           args.ctas, args.section_pairs)
+        costs = [tile.cost for tile in tiles]
         line = f"hdim {args.hdim} m{args.block_m} n{args.block_n} S {seqlen}: {len(costs)} tiles"
         for name, schedule in (("persistent", snaking_rounds), ("greedy", greedy))[:2 if args.greedy else 1]:
             work = schedule(costs, args.ctas)
             line += f", {name} max/mean {max(work) * len(work) / sum(work):.3f}"
+        kv = round_kv_mib(tiles, args.ctas, args.hdim)
+        line += f", K/V a round max {max(kv):.0f} MiB mean {sum(kv) / len(kv):.0f} MiB"
         print(line)
 
 
