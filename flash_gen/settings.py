@@ -15,6 +15,7 @@ Settings:
   FLASH_GEN_FWD_CONFIG force one forward tiling (a FwdConfig name, e.g. m128n64w4s2) where it is feasible:
                        for benchmarking configs by hand
   FLASH_GEN_BWD_CONFIG the same for the backward (a BwdConfig name, e.g. m64n128w8a242s2_dqbulk)
+  FLASH_GEN_NO_STREAM_K, FLASH_GEN_SECTION_PAIRS  A/B switches of the persistent Hopper forward's schedule
 
 Must not import torch, cuda or anything else in flash_gen.
 """
@@ -74,6 +75,19 @@ def no_stream_k() -> bool:
     """FLASH_GEN_NO_STREAM_K: persistent Hopper forwards run whole tiles in their last round too (for A/B runs;
     read when a call's shapes are first planned)."""
     return _flag("FLASH_GEN_NO_STREAM_K")
+
+
+def section_pairs() -> int:
+    """FLASH_GEN_SECTION_PAIRS: the width, in (batch, head) pairs, of the sections in which persistent Hopper
+    forwards under causal or local masks take their tiles by length (0 or unset: the kernel's own rule); for A/B
+    runs of the order's L2 working set against its balance (benchmarks/persistent_balance.py). Read when a call's
+    Hopper parameters are first built for its shapes and addresses."""
+    raw = os.environ.get("FLASH_GEN_SECTION_PAIRS", "").strip()
+    if not raw:
+        return 0
+    if not raw.isdigit():
+        raise ValueError(f"FLASH_GEN_SECTION_PAIRS={raw!r} is not a whole number of (batch, head) pairs")
+    return int(raw)
 
 
 def fwd_config() -> str | None:

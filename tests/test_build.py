@@ -276,6 +276,13 @@ def test_settings_read_the_environment_lazily(monkeypatch, tmp_path):
     monkeypatch.setenv("FLASH_GEN_DEBUG", "maybe")
     with pytest.raises(ValueError, match="FLASH_GEN_DEBUG"):
         settings.debug()
+    monkeypatch.delenv("FLASH_GEN_SECTION_PAIRS", raising=False)
+    assert settings.section_pairs() == 0
+    monkeypatch.setenv("FLASH_GEN_SECTION_PAIRS", "3")
+    assert settings.section_pairs() == 3
+    monkeypatch.setenv("FLASH_GEN_SECTION_PAIRS", "-1")
+    with pytest.raises(ValueError, match="FLASH_GEN_SECTION_PAIRS"):
+        settings.section_pairs()
 
 
 def test_errors_pickle():

@@ -205,6 +205,23 @@ def test_sm90_forward_matches_reference(case):
     assert lse_err.numel() == 0 or lse_err.max().item() <= 1e-3, f"{where}: lse off by {lse_err.max().item():.3e}"
 
 
+@pytest.mark.parametrize("pairs", [1, 5, 1000])
+def test_sm90_causal_section_width_changes_only_the_order(pairs, monkeypatch):
+    """FLASH_GEN_SECTION_PAIRS reorders a causal persistent launch's tiles (1 pair a section, a width that leaves
+    a narrower last section, one wider than all pairs): each tile computes the same, so output and lse equal the
+    kernel's own order's bit for bit."""
+    cfg = sm90_config_from_name("wgm128n128s2_persist")
+    gen = torch.Generator(device="cuda").manual_seed(fresh_seed())
+    q, k, v = (torch.randn(4, s, 8, 128, generator=gen, device="cuda", dtype=torch.bfloat16) for s in (1000, 700, 700))
+    monkeypatch.delenv("FLASH_GEN_SECTION_PAIRS", raising=False)
+    out0, lse0 = _run(q, k, v, cfg, True, (-1, -1))
+    monkeypatch.setenv("FLASH_GEN_SECTION_PAIRS", str(pairs))
+    q2, k2, v2 = q.clone(), k.clone(), v.clone()  # new addresses: the parameters (and the setting) are read again
+    out, lse = _run(q2, k2, v2, cfg, True, (-1, -1))
+    assert not out.isnan().any(), f"pairs={pairs}: {int(out.isnan().sum())} outputs never written"
+    assert torch.equal(out, out0) and torch.equal(lse, lse0), f"pairs={pairs}: differs from the kernel's own order"
+
+
 # Stream-K (persistent tilings on unmasked keys) on shapes whose last round is partial: heads chosen so that the
 # query tiles come to `rounds` whole rounds of the GPU's resident CTAs plus `left` tiles, whose key steps the CTAs
 # then share.

@@ -79,8 +79,9 @@ class Sm90FwdParams(ctypes.Structure):
 
     _fields_ = ([(f"tma_{t}", ctypes.c_uint8 * tma.MAP_BYTES) for t in "qkvo"] + [("base", FwdParams)]
                 + [("qk_shift_bits", ctypes.c_int), ("v_shift_bits", ctypes.c_int), ("sk_flags", ctypes.c_void_p)]
-                + [(f"sk_{f}", ctypes.c_int) for f in ("rounds", "tiles", "steps", "chunk")])
-    _fields_.append(("_pad", ctypes.c_uint8 * (-(4 * tma.MAP_BYTES + ctypes.sizeof(FwdParams) + 32) % tma.MAP_ALIGN)))
+                + [(f"sk_{f}", ctypes.c_int) for f in ("rounds", "tiles", "steps", "chunk")]
+                + [("section_pairs", ctypes.c_int)])
+    _fields_.append(("_pad", ctypes.c_uint8 * (-(4 * tma.MAP_BYTES + ctypes.sizeof(FwdParams) + 36) % tma.MAP_ALIGN)))
 
 
 # Byte offsets of the per-call addresses in FwdParams (run_fwd patches them into the shape's template), and of
@@ -414,6 +415,7 @@ def _sm90_params(plan: FwdPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     stream_k = plan.stream_k
 
     def fill(params: Sm90FwdParams) -> None:
+        params.section_pairs = settings.section_pairs()  # once per parameter struct, off the per-call path
         if var.cfg.align:
             params.qk_shift_bits, params.v_shift_bits = _row_shift_bits(k), _row_shift_bits(v)
         if stream_k is not None:

@@ -198,7 +198,8 @@ struct Sm90FwdTraits {
 // the snaking rounds (sm90_tile_of_round) pair off evenly, and the last round holds the shortest tiles. Sections
 // all longest-first left the busiest CTA 1.5-1.7x the mean work where a section holds about a round of tiles (head
 // dim 256 causal 16k, benchmarks/persistent_balance.py). (Launching one CTA per tile, the sectioned order measured
-// 7% slower than the default at head dim 64, causal, 2k: H200, 2026-11-30.)
+// 7% slower than the default at head dim 64, causal, 2k: H200, 2026-11-30.) Sm90FwdParams::section_pairs, where set,
+// gives the width instead (FLASH_GEN_SECTION_PAIRS: a section's K/V against the balance, docs/benchmarks.md).
 constexpr long long kL2SectionBytes = 24ll << 20;  // about half the H100/H200 L2
 
 // Split-KV: tile t's split, the slowest index of the tile walk.
@@ -221,7 +222,8 @@ struct Sm90Tile {
   // Dense: tile t of m_blocks per (batch, head; packed: KV head). Varlen (warp-collective: every lane of the warp
   // calls it): tile t of a grid of gridDim.x = nheads x (a bound on the summed per-entry tiles), head-major.
   // A consumer warpgroup covers `wg_rows` query positions (64; packed, 64 / group).
-  __device__ __forceinline__ Sm90Tile(FwdParams const& p, int m_blocks, int t, int group, int wg_rows) {
+  __device__ __forceinline__ Sm90Tile(FwdParams const& p, int m_blocks, int t, int group, int wg_rows,
+                                      int section_pairs) {
     int split = 0;  // kSplit: which share of the key tiles (sm90_split_of recomputes it; no member, which the
                     // persistent tile slot would carry)
     if constexpr (T::kVarlen) {
@@ -250,7 +252,8 @@ struct Sm90Tile {
         const long long kv_bytes = 2ll * p.seqlen_k * T::kHeadDim * int(sizeof(typename T::Element));
         const int pairs = heads * p.batch;
         const int fit = int(min(static_cast<long long>(pairs), kL2SectionBytes / max(kv_bytes, 1ll)));
-        const int section = max(1, min(pairs, max(fit, (int(gridDim.x) + m_blocks - 1) / m_blocks)));
+        const int section = section_pairs > 0 ? min(section_pairs, pairs)
+                                              : max(1, min(pairs, max(fit, (int(gridDim.x) + m_blocks - 1) / m_blocks)));
         const int sections = (pairs + section - 1) / section;
         const int sec = t / (section * m_blocks), base = sec * section;
         const int width = min(section, pairs - base), r = t - base * m_blocks;
@@ -407,7 +410,8 @@ __device__ __forceinline__ void fwd_sm90_produce(Sm90FwdParams const& params, ty
   for (int round = 0;; ++round) {
     const Sm90Work work = sm90_work_of_round<T>(params, round);
     if (T::kStreamK ? work.t == kNoTile : work.t >= tiles) break;
-    Sm90Tile<T> tile = T::kPersistent ? Sm90Tile<T>(params.base, m_blocks, work.t, group, wg_rows) : first;
+    Sm90Tile<T> tile =
+        T::kPersistent ? Sm90Tile<T>(params.base, m_blocks, work.t, group, wg_rows, params.section_pairs) : first;
     if constexpr (T::kStreamK) {
       tile.n_max = tile.n_min + work.n_end;
       tile.n_min += work.n_begin;
@@ -519,7 +523,7 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
   const int heads = T::kPackGqa ? p.nheads_k : p.nheads;
   const int tiles = T::kVarlen ? int(gridDim.x) : m_blocks * heads * p.batch * (T::kSplit ? p.num_splits : 1);
   // The first tile, worked out by every warp (the varlen scan is warp-collective); a CTA serving one tile keeps it.
-  const Sm90Tile<T> first(p, m_blocks, sm90_tile_of_round<T>(0), group, wg_rows);
+  const Sm90Tile<T> first(p, m_blocks, sm90_tile_of_round<T>(0), group, wg_rows, params.section_pairs);
   if (!first.valid) return;  // a varlen CTA past the last tile, before any barrier
 
   constexpr int kConsumerWarps = T::kConsumerThreads / 32;

@@ -25,6 +25,9 @@ struct Sm90FwdParams {
   // sk_rounds x the grid + sk_tiles).
   unsigned* sk_flags;
   int sk_rounds, sk_tiles, sk_steps, sk_chunk;
+  // Persistent kernels under right-bounded masks (Sm90Tile): the width in (batch, head) pairs of the sections
+  // their tiles are taken by length in; 0: the kernel's own (kL2SectionBytes, at least a round of tiles).
+  int section_pairs;
 };
 
 // Columns to shift KV head `head`'s boxes by: 8 (16 bytes) where its rows start mid-sector, so the boxes after the
