@@ -8,8 +8,9 @@ seqlen_q = seqlen_k on shared/ANCHORS.md's shapes; the ratio printed is the busi
 1.0 is a perfect balance. `--greedy` adds, for comparison, the same tile order handed to whichever CTA is free
 first (what one CTA per tile gets from the hardware's block scheduler). Each line also gives the K/V a round of
 tiles reads (per (batch, head) pair the longest key range of its tiles in the round), largest and mean over the
-rounds: the L2 working set the order asks for. `--section-pairs N` replaces the kernel's section width (pairs)
-by N, to weigh other widths.
+rounds: the L2 working set the order asks for; and the K/V of the tiles running at once when each CTA runs its
+tiles back to back (the CTAs drift apart over the rounds, so this is the set L2 has to hold). `--section-pairs N`
+replaces the kernel's section width (pairs) by N, to weigh other widths.
 
     python3 benchmarks/persistent_balance.py --hdim 256 --block-m 128 --block-n 80 --seqlen 2048,4096,8192,16384
 """
@@ -62,13 +63,43 @@ def round_kv_mib(tiles: list[Tile], ctas: int, hdim: int) -> list[float]:
     return out
 
 
+def snaking_cta(t: int, ctas: int) -> int:
+    """The CTA that takes tile t: CTA c takes tile round * ctas + c, or + ctas - 1 - c in odd rounds."""
+    rnd, pos = divmod(t, ctas)
+    return ctas - 1 - pos if rnd & 1 else pos
+
+
 def snaking_rounds(costs: list[int], ctas: int) -> list[int]:
-    """Each CTA's work when CTA c takes tile round * ctas + c, or + ctas - 1 - c in odd rounds."""
+    """Each CTA's work under the snaking rounds."""
     work = [0] * ctas
     for t, cost in enumerate(costs):
-        rnd, pos = divmod(t, ctas)
-        work[ctas - 1 - pos if rnd & 1 else pos] += cost
+        work[snaking_cta(t, ctas)] += cost
     return work
+
+
+def running_kv_mib(tiles: list[Tile], ctas: int, hdim: int, samples: int = 256) -> list[float]:
+    """The K and V bytes (MiB) of the tiles running at `samples` evenly spaced moments, each CTA running its
+    snaking rounds' tiles back to back (a tile's cost in time units): the working set L2 has to hold once the CTAs
+    have drifted apart, which the per-round figure misses where a section's tiles differ much in length."""
+    clock = [0] * ctas
+    spans = []  # (start, end, tile)
+    for t, tile in enumerate(tiles):
+        cta = snaking_cta(t, ctas)
+        spans.append((clock[cta], clock[cta] + tile.cost, tile))
+        clock[cta] += tile.cost
+    spans.sort(key=lambda span: span[0])
+    end, out, running, nxt = max(clock), [], [], 0
+    for i in range(samples):
+        now = end * i / samples
+        while nxt < len(spans) and spans[nxt][0] <= now:
+            running.append(spans[nxt])
+            nxt += 1
+        running = [span for span in running if span[1] > now]
+        keys: dict[int, int] = {}
+        for _, _, tile in running:
+            keys[tile.pair] = max(keys.get(tile.pair, 0), tile.keys)
+        out.append(sum(2 * 2 * k * hdim for k in keys.values()) / 2**20)
+    return out
 
 
 def greedy(costs: list[int], ctas: int) -> list[int]:
@@ -101,6 +132,8 @@ def main() -> None:
             line += f", {name} max/mean {max(work) * len(work) / sum(work):.3f}"
         kv = round_kv_mib(tiles, args.ctas, args.hdim)
         line += f", K/V a round max {max(kv):.0f} MiB mean {sum(kv) / len(kv):.0f} MiB"
+        kv = running_kv_mib(tiles, args.ctas, args.hdim)
+        line += f", running at once max {max(kv):.0f} MiB mean {sum(kv) / len(kv):.0f} MiB"
         print(line)
 
 
