@@ -9,16 +9,18 @@ seqlen_q = seqlen_k on shared/ANCHORS.md's shapes; the ratio printed is the busi
 first (what one CTA per tile gets from the hardware's block scheduler). Each line also gives the K/V a round of
 tiles reads (per (batch, head) pair the longest key range of its tiles in the round), largest and mean over the
 rounds: the L2 working set the order asks for; and the K/V of the tiles running at once when each CTA runs its
-tiles back to back (the CTAs drift apart over the rounds, so this is the set L2 has to hold). `--section-pairs N`
-replaces the kernel's section width (pairs) by N, to weigh other widths.
+tiles back to back (the CTAs drift apart over the rounds, so this is the set L2 has to hold). `--section-pairs N,...`
+replaces the kernel's section width (pairs) by each N in turn (0: the kernel's rule), to weigh other widths.
 
-    python3 benchmarks/persistent_balance.py --hdim 256 --block-m 128 --block-n 80 --seqlen 2048,4096,8192,16384
+    python3 benchmarks/persistent_balance.py --hdim 256 --block-m 128 --block-n 64 --seqlen 2048,8192 \
+        --section-pairs 0,1,4
 """
 
 from __future__ import annotations
 
 import argparse
 import heapq
+import itertools
 from typing import NamedTuple
 
 L2_SECTION_BYTES = 24 << 20  # kL2SectionBytes
@@ -120,13 +122,16 @@ def main() -> None:
     parser.add_argument("--total-tokens", type=int, default=32768)
     parser.add_argument("--model-dim", type=int, default=2048)
     parser.add_argument("--greedy", action="store_true")
-    parser.add_argument("--section-pairs", type=int, default=0, help="section width in pairs (default: the kernel's)")
+    parser.add_argument("--section-pairs", default="0",
+                        help="comma list of section widths in pairs (0: the kernel's own rule)")
     args = parser.parse_args()
-    for seqlen in (int(s) for s in args.seqlen.split(",")):
+    widths = [int(w) for w in args.section_pairs.split(",")]
+    for seqlen, width in itertools.product((int(s) for s in args.seqlen.split(",")), widths):
         tiles = tile_order(seqlen, args.hdim, args.block_m, args.block_n, args.total_tokens, args.model_dim,
-                           args.ctas, args.section_pairs)
+                           args.ctas, width)
         costs = [tile.cost for tile in tiles]
-        line = f"hdim {args.hdim} m{args.block_m} n{args.block_n} S {seqlen}: {len(costs)} tiles"
+        line = (f"hdim {args.hdim} m{args.block_m} n{args.block_n} S {seqlen} width {width or 'kernel'}: "
+                f"{len(costs)} tiles")
         for name, schedule in (("persistent", snaking_rounds), ("greedy", greedy))[:2 if args.greedy else 1]:
             work = schedule(costs, args.ctas)
             line += f", {name} max/mean {max(work) * len(work) / sum(work):.3f}"
