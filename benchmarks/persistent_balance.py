@@ -21,87 +21,17 @@ from __future__ import annotations
 import argparse
 import heapq
 import itertools
-from typing import NamedTuple
 
-L2_SECTION_BYTES = 24 << 20  # kL2SectionBytes
+import torch
 
-
-class Tile(NamedTuple):
-    cost: int  # key steps plus one
-    pair: int  # (batch, head) pair
-    keys: int  # keys it reads: [0, keys)
+from flash_gen.runtime.section_schedule import CausalLaunch, Schedule, balance, running_kv_bytes, schedule
 
 
-def tile_order(seqlen: int, hdim: int, block_m: int, block_n: int, total_tokens: int, model_dim: int,
-               ctas: int, section_pairs: int = 0) -> list[Tile]:
-    """The tiles in the kernel's order (causal, seqlen_q = seqlen_k, the ragged tile first); section_pairs > 0
-    replaces the kernel's section width."""
-    pairs = (model_dim // hdim) * max(1, total_tokens // seqlen)
-    m_blocks = -(-seqlen // block_m)
-    section = section_pairs or max(1, min(pairs, max(L2_SECTION_BYTES // (2 * seqlen * hdim * 2),
-                                                     -(-ctas // m_blocks))))
-    sections = -(-pairs // section)
-    shift = m_blocks * block_m - seqlen
-    tiles = []
-    for t in range(m_blocks * pairs):
-        sec = t // (section * m_blocks)
-        width = min(section, pairs - sec * section)
-        r = t - sec * section * m_blocks
-        level = r // width
-        m_block = level if (sections - 1 - sec) & 1 else m_blocks - 1 - level
-        last_row = min((m_block + 1) * block_m - shift, seqlen) - 1
-        tiles.append(Tile(last_row // block_n + 2, sec * section + r % width, last_row + 1))
-    return tiles
-
-
-def round_kv_mib(tiles: list[Tile], ctas: int, hdim: int) -> list[float]:
-    """Per round of `ctas` tiles, the K and V bytes (MiB, 16-bit) its tiles read, each pair counted once."""
-    out = []
-    for start in range(0, len(tiles), ctas):
-        keys: dict[int, int] = {}
-        for tile in tiles[start:start + ctas]:
-            keys[tile.pair] = max(keys.get(tile.pair, 0), tile.keys)
-        out.append(sum(2 * 2 * k * hdim for k in keys.values()) / 2**20)
-    return out
-
-
-def snaking_cta(t: int, ctas: int) -> int:
-    """The CTA that takes tile t: CTA c takes tile round * ctas + c, or + ctas - 1 - c in odd rounds."""
-    rnd, pos = divmod(t, ctas)
-    return ctas - 1 - pos if rnd & 1 else pos
-
-
-def snaking_rounds(costs: list[int], ctas: int) -> list[int]:
-    """Each CTA's work under the snaking rounds."""
-    work = [0] * ctas
-    for t, cost in enumerate(costs):
-        work[snaking_cta(t, ctas)] += cost
-    return work
-
-
-def running_kv_mib(tiles: list[Tile], ctas: int, hdim: int, samples: int = 256) -> list[float]:
-    """The K and V bytes (MiB) of the tiles running at `samples` evenly spaced moments, each CTA running its
-    snaking rounds' tiles back to back (a tile's cost in time units): the working set L2 has to hold once the CTAs
-    have drifted apart, which the per-round figure misses where a section's tiles differ much in length."""
-    clock = [0] * ctas
-    spans = []  # (start, end, tile)
-    for t, tile in enumerate(tiles):
-        cta = snaking_cta(t, ctas)
-        spans.append((clock[cta], clock[cta] + tile.cost, tile))
-        clock[cta] += tile.cost
-    spans.sort(key=lambda span: span[0])
-    end, out, running, nxt = max(clock), [], [], 0
-    for i in range(samples):
-        now = end * i / samples
-        while nxt < len(spans) and spans[nxt][0] <= now:
-            running.append(spans[nxt])
-            nxt += 1
-        running = [span for span in running if span[1] > now]
-        keys: dict[int, int] = {}
-        for _, _, tile in running:
-            keys[tile.pair] = max(keys.get(tile.pair, 0), tile.keys)
-        out.append(sum(2 * 2 * k * hdim for k in keys.values()) / 2**20)
-    return out
+def round_kv_mib(plan: Schedule, kv_row_bytes: int) -> list[float]:
+    """Per round of tiles, the K and V bytes (MiB) its tiles read, each pair counted once."""
+    longest = torch.zeros(plan.pair.shape[0], int(plan.pair.max()) + 1, dtype=torch.int64)
+    longest.scatter_reduce_(1, plan.pair, plan.keys, "amax")
+    return (longest.sum(1) * kv_row_bytes / 2**20).tolist()
 
 
 def greedy(costs: list[int], ctas: int) -> list[int]:
@@ -127,20 +57,22 @@ def main() -> None:
     args = parser.parse_args()
     widths = [int(w) for w in args.section_pairs.split(",")]
     for seqlen, width in itertools.product((int(s) for s in args.seqlen.split(",")), widths):
-        tiles = tile_order(seqlen, args.hdim, args.block_m, args.block_n, args.total_tokens, args.model_dim,
-                           args.ctas, width)
-        costs = [tile.cost for tile in tiles]
+        launch = CausalLaunch(seqlen, (args.model_dim // args.hdim) * max(1, args.total_tokens // seqlen),
+                              args.block_m, args.block_n, args.ctas, 2 * args.hdim * 2)
+        plan = schedule(launch, width)
         line = (f"hdim {args.hdim} m{args.block_m} n{args.block_n} S {seqlen} width {width or 'kernel'}: "
-                f"{len(costs)} tiles")
-        for name, schedule in (("persistent", snaking_rounds), ("greedy", greedy))[:2 if args.greedy else 1]:
-            work = schedule(costs, args.ctas)
-            line += f", {name} max/mean {max(work) * len(work) / sum(work):.3f}"
-        kv = round_kv_mib(tiles, args.ctas, args.hdim)
+                f"{int((plan.cost > 0).sum())} tiles, persistent max/mean {balance(plan):.3f}")
+        if args.greedy:
+            # In tile order (round by round, the snaking order undone by sorting each round's tiles by slot).
+            costs = [c for row, rnd in zip(plan.cost.tolist(), itertools.count())
+                     for c in (row[::-1] if rnd % 2 else row) if c]
+            work = greedy(costs, args.ctas)
+            line += f", greedy max/mean {max(work) * len(work) / sum(work):.3f}"
+        kv = round_kv_mib(plan, launch.kv_row_bytes)
         line += f", K/V a round max {max(kv):.0f} MiB mean {sum(kv) / len(kv):.0f} MiB"
-        kv = running_kv_mib(tiles, args.ctas, args.hdim)
+        kv = (running_kv_bytes(plan, launch.kv_row_bytes).double() / 2**20).tolist()
         line += f", running at once max {max(kv):.0f} MiB mean {sum(kv) / len(kv):.0f} MiB"
         print(line)
-
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,93 @@
+"""The persistent Hopper forward's causal tile order, and a model of how its CTAs run it (no GPU), to weigh section
+widths: the (batch, head) pairs whose query tiles the kernel orders by length together (Sm90Tile in
+templates/include/flash_gen/fwd_sm90.cuh, Sm90FwdParams::section_pairs).
+
+A tile costs its key steps plus one (prologue and epilogue). Each CTA takes one tile per round of `ctas` tiles,
+snaking, and runs its tiles back to back; the CTAs then drift apart over the rounds. Two figures rank a width:
+the balance (the busiest CTA's work over the mean: 1.0 is even) and the K/V of the tiles running at once, averaged
+over the launch (the set L2 has to hold; past it the reads go to DRAM). benchmarks/persistent_balance.py prints
+them; docs/benchmarks.md ("The section-width switch on the GPU") measures them against the H100.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+L2_SECTION_BYTES = 24 << 20  # the kernel's kL2SectionBytes
+
+
+class CausalLaunch(NamedTuple):
+    """A dense causal persistent launch as the tile order sees it (seqlen_q = seqlen_k; the ragged tile first)."""
+    seqlen: int
+    pairs: int  # (batch, head) pairs
+    block_m: int  # query rows a tile
+    block_n: int  # keys a step
+    ctas: int  # persistent CTAs
+    kv_row_bytes: int  # one key's K and V bytes: 2 x head dim x element bytes
+
+    @property
+    def m_blocks(self) -> int:
+        return -(-self.seqlen // self.block_m)
+
+    def kernel_width(self) -> int:
+        """The kernel's own section width: the pairs whose K/V fit L2_SECTION_BYTES, but at least a round."""
+        fit = L2_SECTION_BYTES // (self.seqlen * self.kv_row_bytes)
+        return max(1, min(self.pairs, max(fit, -(-self.ctas // self.m_blocks))))
+
+
+class Schedule(NamedTuple):
+    """A launch's tiles laid out (rounds, ctas): the tile CTA c runs in round k at [k, c] (cost 0 past the last
+    tile), with the key range and pair of each."""
+    cost: torch.Tensor
+    pair: torch.Tensor
+    keys: torch.Tensor
+
+
+def schedule(launch: CausalLaunch, section_pairs: int = 0) -> Schedule:
+    """The tiles in the kernel's order, dealt to the CTAs in snaking rounds; section_pairs > 0 replaces the kernel's
+    width."""
+    m_blocks, pairs, ctas = launch.m_blocks, launch.pairs, launch.ctas
+    section = min(section_pairs, pairs) if section_pairs > 0 else launch.kernel_width()
+    sections = -(-pairs // section)
+    t = torch.arange(m_blocks * pairs)
+    sec = t // (section * m_blocks)
+    width = (pairs - sec * section).clamp(max=section)
+    r = t - sec * section * m_blocks
+    level = r // width  # 0: the section's longest tiles
+    m_block = torch.where((sections - 1 - sec) % 2 == 1, level, m_blocks - 1 - level)
+    shift = m_blocks * launch.block_m - launch.seqlen
+    keys = ((m_block + 1) * launch.block_m - shift).clamp(max=launch.seqlen)
+    rounds = -(-len(t) // ctas)
+    # Snaking: CTA c takes tile round * ctas + c, or + ctas - 1 - c in odd rounds.
+    rnd, pos = t // ctas, t % ctas
+    slot = rnd * ctas + torch.where(rnd % 2 == 1, ctas - 1 - pos, pos)
+    laid = []
+    for values in ((keys - 1) // launch.block_n + 2, sec * section + r % width, keys):
+        grid = torch.zeros(rounds * ctas, dtype=torch.int64)
+        grid[slot] = values
+        laid.append(grid.view(rounds, ctas))
+    return Schedule(*laid)
+
+
+def balance(plan: Schedule) -> float:
+    """The busiest CTA's work over the mean."""
+    work = plan.cost.sum(0)
+    return work.max().item() * len(work) / work.sum().item()
+
+
+def running_kv_bytes(plan: Schedule, kv_row_bytes: int, samples: int = 256) -> torch.Tensor:
+    """The K and V bytes of the tiles running at `samples` evenly spaced moments (each pair once, at its longest
+    key range), each CTA running its tiles back to back, a tile's cost in time units."""
+    end = plan.cost.cumsum(0).T.contiguous()  # (ctas, rounds)
+    now = torch.arange(samples, dtype=torch.float64) * (end[:, -1].max().item() / samples)
+    # The tile each CTA runs at each moment: its first one ending later (none once the CTA is done).
+    idx = torch.searchsorted(end.double(), now.expand(len(end), samples).contiguous(), right=True)
+    running = idx < end.shape[1]
+    idx = idx.clamp(max=end.shape[1] - 1)
+    pair = plan.pair.T.gather(1, idx)
+    keys = plan.keys.T.gather(1, idx) * running
+    longest = torch.zeros(samples, int(plan.pair.max()) + 1, dtype=torch.int64)
+    longest.scatter_reduce_(1, pair.T, keys.T, "amax")
+    return longest.sum(1) * kv_row_bytes

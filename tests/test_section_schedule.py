@@ -1,0 +1,72 @@
+"""flash_gen.runtime.section_schedule: the persistent causal forward's tile order and its model (CPU)."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+import torch
+
+from flash_gen.runtime.section_schedule import CausalLaunch, Schedule, balance, running_kv_bytes, schedule
+
+
+def test_snaking_rounds_reverse_every_other_round():
+    # 7 one-step tiles (one key block each) over 3 CTAs: rounds 0 and 2 run left to right, round 1 right to left.
+    launch = CausalLaunch(seqlen=7 * 64, pairs=1, block_m=64, block_n=1 << 20, ctas=3, kv_row_bytes=4)
+    plan = schedule(launch)
+    assert plan.cost.shape == (3, 3)
+    assert (plan.cost > 0).sum() == 7 and plan.cost[2].tolist() == [2, 0, 0]  # the last round's tile on CTA 0
+    # Longest first (query blocks 6, 5, ..., 0); round 1 hands its tiles to CTAs 2, 1, 0.
+    assert plan.keys.tolist() == [[448, 384, 320], [128, 192, 256], [64, 0, 0]]
+
+
+@pytest.mark.parametrize("width", [0, 1, 3, 5, 64])
+def test_every_tile_once(width):
+    launch = CausalLaunch(seqlen=1000, pairs=13, block_m=192, block_n=128, ctas=10, kv_row_bytes=512)
+    plan = schedule(launch, width)
+    real = plan.cost > 0
+    tiles = collections.Counter(zip(plan.pair[real].tolist(), plan.keys[real].tolist()))
+    # Per pair, query blocks of 192 rows with the ragged one (1000 - 5 * 192 = 40 rows) first: ends at 40, 232, ...
+    assert tiles == collections.Counter((p, k) for p in range(13) for k in (40, 232, 424, 616, 808, 1000))
+    assert plan.cost[real].tolist() == [(k - 1) // 128 + 2 for k in plan.keys[real].tolist()]
+
+
+def test_kernel_width_fits_l2_but_holds_a_round():
+    # 2k keys of head dim 256, 16-bit: 2 MiB a pair, 12 fit 24 MiB; a round of 132 CTAs holds 8.25 pairs' tiles.
+    assert CausalLaunch(2048, 128, 128, 64, 132, 1024).kernel_width() == 12
+    # 16k: one pair holds 16 MiB, but a round needs two pairs' 128 tiles.
+    assert CausalLaunch(16384, 16, 128, 64, 132, 1024).kernel_width() == 2
+    assert CausalLaunch(16384, 1, 128, 64, 132, 1024).kernel_width() == 1
+
+
+def test_balance_is_the_busiest_cta_over_the_mean():
+    plan = Schedule(torch.tensor([[5, 1, 1], [1, 1, 5]]), torch.zeros(2, 3, dtype=torch.int64),
+                    torch.ones(2, 3, dtype=torch.int64))
+    assert balance(plan) == pytest.approx(6 * 3 / 14)
+
+
+def test_running_kv_counts_each_pair_once_at_its_longest_range():
+    # Two CTAs at once, both on pair 0: its longest key range counts, once.
+    plan = Schedule(torch.tensor([[4, 4]]), torch.tensor([[0, 0]]), torch.tensor([[128, 256]]))
+    assert running_kv_bytes(plan, kv_row_bytes=256, samples=4).tolist() == [256 * 256] * 4
+
+
+def test_running_kv_follows_the_ctas_drift():
+    # CTA 0: a long tile of pair 0, then pair 3's; CTA 1: a short tile of pair 1, then pair 2's. Over time units
+    # [0, 1) pairs 0 and 1 run, [1, 4) pairs 0 and 2, [4, 5) pair 3 alone, where the rounds put pairs 0 and 1,
+    # then 2 and 3, together.
+    plan = Schedule(torch.tensor([[4, 1], [1, 3]]), torch.tensor([[0, 1], [3, 2]]), torch.tensor([[64, 64], [64, 32]]))
+    assert running_kv_bytes(plan, kv_row_bytes=1, samples=5).tolist() == [128, 96, 96, 96, 64]
+
+
+def test_persistent_balance_script_prints_a_line_per_length_and_width(capsys, monkeypatch):
+    from script_module import load_script
+
+    script = load_script("benchmarks/persistent_balance.py")
+    monkeypatch.setattr("sys.argv", ["persistent_balance.py", "--hdim", "128", "--block-m", "192", "--block-n", "80",
+                                     "--seqlen", "2000,4096", "--section-pairs", "0,3", "--greedy"])
+    script.main()
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == [f"hdim 128 m192 n80 S {s} width {w}" for s in (2000, 4096)
+                                                     for w in ("kernel", 3)]
+    assert all("greedy max/mean" in line and "running at once" in line for line in lines)
