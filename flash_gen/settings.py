@@ -77,14 +77,14 @@ def no_stream_k() -> bool:
     return _flag("FLASH_GEN_NO_STREAM_K")
 
 
-def section_pairs() -> int:
+def section_pairs() -> int | None:
     """FLASH_GEN_SECTION_PAIRS: the width, in (batch, head) pairs, of the sections in which persistent Hopper
-    forwards under causal or local masks take their tiles by length (0 or unset: the kernel's own rule); for A/B
-    runs of the order's L2 working set against its balance (benchmarks/persistent_balance.py). Read when a call's
-    Hopper parameters are first built for its shapes and addresses."""
+    forwards under causal or local masks take their tiles by length (0: the kernel's own rule; unset, None: the
+    width runtime/section_schedule.py chooses per shape); for A/B runs of the order's L2 working set against its
+    balance (benchmarks/persistent_balance.py). Read when a call's shapes are first planned."""
     raw = os.environ.get("FLASH_GEN_SECTION_PAIRS", "").strip()
     if not raw:
-        return 0
+        return None
     if not raw.isdigit():
         raise ValueError(f"FLASH_GEN_SECTION_PAIRS={raw!r} is not a whole number of (batch, head) pairs")
     return int(raw)

@@ -7,7 +7,9 @@ import collections
 import pytest
 import torch
 
-from flash_gen.runtime.section_schedule import CausalLaunch, Schedule, balance, running_kv_bytes, schedule
+from flash_gen.runtime.section_schedule import (
+    BALANCE_SLACK, MIN_KV_CUT, CausalLaunch, Schedule, balance, choose_section_pairs, running_kv_bytes, schedule,
+)
 
 
 def test_snaking_rounds_reverse_every_other_round():
@@ -26,8 +28,9 @@ def test_every_tile_once(width):
     plan = schedule(launch, width)
     real = plan.cost > 0
     tiles = collections.Counter(zip(plan.pair[real].tolist(), plan.keys[real].tolist()))
-    # Per pair, query blocks of 192 rows with the ragged one (1000 - 5 * 192 = 40 rows) first: ends at 40, 232, ...
-    assert tiles == collections.Counter((p, k) for p in range(13) for k in (40, 232, 424, 616, 808, 1000))
+    # Per pair, query blocks of 192 rows with the ragged one first, shifted by whole 64-row warpgroups (128 of the
+    # 152 rows over 1000): its rows end at 64, the next ones' at 256, 448, ...
+    assert tiles == collections.Counter((p, k) for p in range(13) for k in (64, 256, 448, 640, 832, 1000))
     assert plan.cost[real].tolist() == [(k - 1) // 128 + 2 for k in plan.keys[real].tolist()]
 
 
@@ -70,3 +73,51 @@ def test_persistent_balance_script_prints_a_line_per_length_and_width(capsys, mo
     assert [line.split(":")[0] for line in lines] == [f"hdim 128 m192 n80 S {s} width {w}" for s in (2000, 4096)
                                                      for w in ("kernel", 3)]
     assert all("greedy max/mean" in line and "running at once" in line for line in lines)
+
+
+def _anchor(hdim: int, seqlen: int, block_m: int, block_n: int) -> CausalLaunch:
+    """shared/ANCHORS.md's causal shapes: 32k tokens a batch, model dim 2048, on 132 SMs."""
+    return CausalLaunch(seqlen, (2048 // hdim) * (32768 // seqlen), block_m, block_n, 132, 2 * hdim * 2)
+
+
+@pytest.mark.parametrize("hdim, seqlen, block_m, block_n, width", [
+    (256, 2048, 128, 64, 1),  # measured +4.7% over the kernel's 12 pairs (H100, 2026-12-06)
+    (128, 2048, 192, 80, 0),  # narrower sections unbalance 192-row tiles (one pair: -36%, measured)
+    (256, 8192, 128, 64, 0),  # one pair spreads the running tiles over more pairs (-7.6%, measured)
+])
+def test_choose_section_pairs_on_measured_cells(hdim, seqlen, block_m, block_n, width):
+    assert choose_section_pairs(_anchor(hdim, seqlen, block_m, block_n)) == width
+
+
+def test_a_chosen_width_keeps_the_balance_and_cuts_the_running_kv():
+    launch = _anchor(64, 4096, 192, 128)
+    width = choose_section_pairs(launch)
+    assert 0 < width < launch.kernel_width()
+    kernel, chosen = schedule(launch), schedule(launch, width)
+    assert balance(chosen) <= balance(kernel) + BALANCE_SLACK
+    kv = [running_kv_bytes(p, launch.kv_row_bytes).double().mean().item() for p in (kernel, chosen)]
+    assert kv[1] <= (1 - MIN_KV_CUT) * kv[0]
+
+
+def test_one_round_keeps_the_kernel_rule():
+    assert choose_section_pairs(CausalLaunch(2048, 8, 128, 64, 132, 1024)) == 0  # 128 tiles on 132 CTAs
+
+
+def test_the_forward_plans_describe_their_launch_to_the_model(monkeypatch):
+    from types import SimpleNamespace
+
+    from flash_gen.runtime import fwd
+    from flash_gen.spec_sm90 import Sm90FwdConfig
+
+    seen = []
+    monkeypatch.setattr(fwd, "choose_section_pairs", lambda launch: seen.append(launch) or 7)
+    cfg = Sm90FwdConfig(block_m=192, block_n=128, persistent=True)
+    # GQA, 4 query heads a KV head: unpacked, 4 consecutive pairs read one K/V; packed, a tile of 3 warpgroups
+    # holds 3 x 16 positions of the group's heads.
+    assert fwd._model_section_pairs(SimpleNamespace(cfg=cfg, pack_gqa=False, head_dim=64), 2048, 512, 4, 132, 2) == 7
+    assert fwd._model_section_pairs(SimpleNamespace(cfg=cfg, pack_gqa=True, head_dim=64), 2048, 128, 4, 132, 2) == 7
+    assert seen == [CausalLaunch(2048, 512, 192, 128, 132, 256, group=4, wg_rows=64),
+                    CausalLaunch(2048, 128, 48, 128, 132, 256, group=1, wg_rows=16)]
+    clustered = Sm90FwdConfig(block_m=192, block_n=128, persistent=True, cluster=2)
+    assert fwd._model_section_pairs(SimpleNamespace(cfg=clustered, pack_gqa=False, head_dim=64), 2048, 512, 1,
+                                    132, 2) == 0

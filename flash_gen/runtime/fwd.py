@@ -21,6 +21,7 @@ from flash_gen.fwd_tilings import FwdTiling
 from flash_gen.gen.render import combine_entry, entry_name, render_combine, render_many
 from flash_gen.memo import BoundedMemo, layout
 from flash_gen.runtime import driver, loader, tma
+from flash_gen.runtime.section_schedule import CausalLaunch, choose_section_pairs
 from flash_gen.runtime.score_params import (
     DTYPES,
     check_grid,
@@ -158,16 +159,18 @@ class FwdPlan:
     arguments fix: the variant, the parameter template, the grid. flash_gen.ops keeps one per validated
     argument layout, so a repeated eager call goes straight to run_fwd. A split-KV plan (splits > 1) has its own
     template (the shape's with the split count) and the combine kernel that merges the splits. The Hopper
-    kernel's encoded TMA maps are kept per address set (`maps`), and a stream-K kernel's walk of its tiles
-    (`stream_k`)."""
+    kernel's encoded TMA maps are kept per address set (`maps`), a stream-K kernel's walk of its tiles
+    (`stream_k`), and a persistent causal or local kernel's section width (`section_pairs`, 0: its own rule)."""
 
-    __slots__ = ("var", "shape", "grid", "lse_like", "splits", "params", "combine", "maps", "stream_k")
+    __slots__ = ("var", "shape", "grid", "lse_like", "splits", "params", "combine", "maps", "stream_k",
+                 "section_pairs")
 
     def __init__(self, var: _Variant, shape: _Shape, grid: tuple[int, int, int], device: torch.device,
                  splits: int = 1, params: FwdParams | None = None, combine: driver.Kernel | None = None,
-                 stream_k: StreamKPlan | None = None) -> None:
+                 stream_k: StreamKPlan | None = None, section_pairs: int = 0) -> None:
         self.var, self.shape, self.grid = var, shape, grid
         self.splits, self.params, self.combine, self.stream_k = splits, params, combine, stream_k
+        self.section_pairs = section_pairs
         self.maps = BoundedMemo(tma.MAPS_PER_SHAPE)
         # softmax_lse's shape, dtype and device over one float: torch.empty_like of it allocates a contiguous lse
         # faster than new_empty(shape, dtype=) parses its arguments.
@@ -230,22 +233,39 @@ def plan_fwd(
         grid = (_query_tiles(var.cfg, seqlen_q, group), nheads_k, batch)
     else:
         grid = (-(-seqlen_q // var.cfg.block_m), nheads, batch)
-    stream_k = None
+    stream_k, section_pairs = None, 0
     if isinstance(var.cfg, Sm90FwdConfig):  # a 1-D grid of query tiles; persistent: as many CTAs as fit walk them
         # A cluster's CTAs serve consecutive query tiles of one head: query tiles per head rounded up to whole
         # clusters (the extra tile's rows lie past seqlen_q: loaded as zeros, never stored).
-        cluster = var.cfg.cluster
+        cluster, pairs = var.cfg.cluster, grid[1] * grid[2]
         tiles = -(-grid[0] // cluster) * cluster * grid[1] * grid[2]
         resident = driver.sm_count(device) * var.cfg.ctas_per_sm // cluster * cluster
         grid = (min(tiles, resident) if var.cfg.persistent else tiles, 1, 1)
         if var.stream_k:  # the kernel reads its walk from the plan, stream-K or not
             stream_k = stream_k_plan(tiles, resident, -(-seqlen_k // var.cfg.block_n), not settings.no_stream_k())
             grid = (stream_k.ctas, 1, 1)
+        if var.cfg.persistent and features[3] != "none":  # the masks whose tiles the kernel orders in sections
+            section_pairs = settings.section_pairs()
+            if section_pairs is None:
+                section_pairs = (_model_section_pairs(var, seqlen_q, pairs, group, grid[0], q.element_size())
+                                 if features[3] == "causal" and kv == "dense" and seqlen_q == seqlen_k else 0)
     params = None
     if dropout:
         params = FwdParams.from_buffer_copy(shape.params)
         set_dropout_fields(params, dropout_p)
-    return FwdPlan(var, shape, grid, q.device, params=params, stream_k=stream_k)
+    return FwdPlan(var, shape, grid, q.device, params=params, stream_k=stream_k, section_pairs=section_pairs)
+
+
+def _model_section_pairs(var: _Variant, seqlen: int, pairs: int, group: int, ctas: int, element_bytes: int) -> int:
+    """The section width section_schedule.choose_section_pairs picks for a dense causal launch with as many keys
+    as queries (what its model covers); 0, the kernel's own rule, with clusters."""
+    cfg = var.cfg
+    if cfg.cluster > 1:
+        return 0
+    positions = ROWS_PER_CONSUMER // group if var.pack_gqa else ROWS_PER_CONSUMER
+    return choose_section_pairs(CausalLaunch(seqlen, pairs, cfg.consumers * positions, cfg.block_n, ctas,
+                                             2 * var.head_dim * element_bytes, 1 if var.pack_gqa else group,
+                                             positions))
 
 
 def _split_plan(features: tuple, q: torch.Tensor, shape: _Shape, seqlen_k: int, nheads_k: int, num_splits: int,
@@ -415,7 +435,7 @@ def _sm90_params(plan: FwdPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     stream_k = plan.stream_k
 
     def fill(params: Sm90FwdParams) -> None:
-        params.section_pairs = settings.section_pairs()  # once per parameter struct, off the per-call path
+        params.section_pairs = plan.section_pairs
         if var.cfg.align:
             params.qk_shift_bits, params.v_shift_bits = _row_shift_bits(k), _row_shift_bits(v)
         if stream_k is not None:

@@ -11,6 +11,7 @@ them; docs/benchmarks.md ("The section-width switch on the GPU") measures them a
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -21,11 +22,13 @@ L2_SECTION_BYTES = 24 << 20  # the kernel's kL2SectionBytes
 class CausalLaunch(NamedTuple):
     """A dense causal persistent launch as the tile order sees it (seqlen_q = seqlen_k; the ragged tile first)."""
     seqlen: int
-    pairs: int  # (batch, head) pairs
-    block_m: int  # query rows a tile
+    pairs: int  # (batch, head) pairs (pack-GQA: (batch, KV head))
+    block_m: int  # query positions a tile
     block_n: int  # keys a step
     ctas: int  # persistent CTAs
     kv_row_bytes: int  # one key's K and V bytes: 2 x head dim x element bytes
+    group: int = 1  # consecutive pairs that read the same K/V (GQA, unpacked)
+    wg_rows: int = 64  # query positions a consumer warpgroup covers: the ragged tile idles whole warpgroups
 
     @property
     def m_blocks(self) -> int:
@@ -41,7 +44,7 @@ class Schedule(NamedTuple):
     """A launch's tiles laid out (rounds, ctas): the tile CTA c runs in round k at [k, c] (cost 0 past the last
     tile), with the key range and pair of each."""
     cost: torch.Tensor
-    pair: torch.Tensor
+    pair: torch.Tensor  # whose K/V it reads: the pair, or (GQA) its group
     keys: torch.Tensor
 
 
@@ -57,14 +60,14 @@ def schedule(launch: CausalLaunch, section_pairs: int = 0) -> Schedule:
     r = t - sec * section * m_blocks
     level = r // width  # 0: the section's longest tiles
     m_block = torch.where((sections - 1 - sec) % 2 == 1, level, m_blocks - 1 - level)
-    shift = m_blocks * launch.block_m - launch.seqlen
+    shift = (m_blocks * launch.block_m - launch.seqlen) // launch.wg_rows * launch.wg_rows
     keys = ((m_block + 1) * launch.block_m - shift).clamp(max=launch.seqlen)
     rounds = -(-len(t) // ctas)
     # Snaking: CTA c takes tile round * ctas + c, or + ctas - 1 - c in odd rounds.
     rnd, pos = t // ctas, t % ctas
     slot = rnd * ctas + torch.where(rnd % 2 == 1, ctas - 1 - pos, pos)
     laid = []
-    for values in ((keys - 1) // launch.block_n + 2, sec * section + r % width, keys):
+    for values in ((keys - 1) // launch.block_n + 2, (sec * section + r % width) // launch.group, keys):
         grid = torch.zeros(rounds * ctas, dtype=torch.int64)
         grid[slot] = values
         laid.append(grid.view(rounds, ctas))
@@ -91,3 +94,30 @@ def running_kv_bytes(plan: Schedule, kv_row_bytes: int, samples: int = 256) -> t
     longest = torch.zeros(samples, int(plan.pair.max()) + 1, dtype=torch.int64)
     longest.scatter_reduce_(1, pair.T, keys.T, "amax")
     return longest.sum(1) * kv_row_bytes
+
+
+# choose_section_pairs' rule: fitted to the H100 runs of docs/benchmarks.md ("Section widths chosen per shape").
+BALANCE_SLACK = 0.012  # how much busier the busiest CTA may get than under the kernel's rule
+MIN_KV_CUT = 0.10  # the least share of the running K/V a width must save to replace the kernel's rule
+MODELLED_PAIRS = 256  # more pairs repeat the same alternating sections: the model stops there (cost ~linear)
+
+
+@functools.lru_cache(maxsize=1024)
+def choose_section_pairs(launch: CausalLaunch) -> int:
+    """The section width to launch with: 0 (the kernel's own rule) unless a narrower width keeps the balance within
+    BALANCE_SLACK of the kernel rule's and cuts the mean K/V running at once by MIN_KV_CUT or more; then the
+    width that cuts it most. A few ms per width tried (at most the kernel's width), once per launch shape."""
+    if launch.m_blocks * launch.pairs <= launch.ctas:
+        return 0  # one round: every tile starts at once, in any order
+    model = launch._replace(pairs=min(launch.pairs, MODELLED_PAIRS))
+    reference = schedule(model)
+    slack = balance(reference) + BALANCE_SLACK
+    best, least = 0, (1 - MIN_KV_CUT) * running_kv_bytes(reference, model.kv_row_bytes).double().mean().item()
+    for width in range(1, model.kernel_width()):
+        plan = schedule(model, width)
+        if balance(plan) > slack:
+            continue
+        kv = running_kv_bytes(plan, model.kv_row_bytes).double().mean().item()
+        if kv < least:
+            best, least = width, kv
+    return best
