@@ -205,21 +205,45 @@ def test_sm90_forward_matches_reference(case):
     assert lse_err.numel() == 0 or lse_err.max().item() <= 1e-3, f"{where}: lse off by {lse_err.max().item():.3e}"
 
 
+def _section_width_run(q, k, v, cfg: Sm90FwdConfig, setting: str, monkeypatch) -> int:
+    """Runs the causal forward under the kernel's own section rule, then under FLASH_GEN_SECTION_PAIRS=`setting`
+    (planned anew: the setting is read when a call's shapes are planned); asserts that output and lse are the
+    same bit for bit (each tile computes the same in any order) and returns the second plan's width."""
+    from flash_gen.memo import BoundedMemo
+    from flash_gen.runtime import fwd
+
+    monkeypatch.delenv("FLASH_GEN_SECTION_PAIRS", raising=False)
+    out0, lse0 = _run(q, k, v, cfg, True, (-1, -1))
+    monkeypatch.setenv("FLASH_GEN_SECTION_PAIRS", setting)
+    plans = BoundedMemo(8)
+    monkeypatch.setattr(fwd, "_plans", plans)
+    out, lse = _run(q, k, v, cfg, True, (-1, -1))
+    assert not out.isnan().any(), f"{setting}: {int(out.isnan().sum())} outputs never written"
+    assert torch.equal(out, out0) and torch.equal(lse, lse0), f"{setting}: differs from the kernel's own order"
+    (plan,) = plans.values()
+    return plan.section_pairs
+
+
 @pytest.mark.parametrize("pairs", [1, 5, 1000])
 def test_sm90_causal_section_width_changes_only_the_order(pairs, monkeypatch):
     """FLASH_GEN_SECTION_PAIRS reorders a causal persistent launch's tiles (1 pair a section, a width that leaves
-    a narrower last section, one wider than all pairs): each tile computes the same, so output and lse equal the
-    kernel's own order's bit for bit."""
+    a narrower last section, one wider than all pairs)."""
     cfg = sm90_config_from_name("wgm128n128s2_persist")
     gen = torch.Generator(device="cuda").manual_seed(fresh_seed())
     q, k, v = (torch.randn(4, s, 8, 128, generator=gen, device="cuda", dtype=torch.bfloat16) for s in (1000, 700, 700))
-    monkeypatch.delenv("FLASH_GEN_SECTION_PAIRS", raising=False)
-    out0, lse0 = _run(q, k, v, cfg, True, (-1, -1))
-    monkeypatch.setenv("FLASH_GEN_SECTION_PAIRS", str(pairs))
-    q2, k2, v2 = q.clone(), k.clone(), v.clone()  # new addresses: the parameters (and the setting) are read again
-    out, lse = _run(q2, k2, v2, cfg, True, (-1, -1))
-    assert not out.isnan().any(), f"pairs={pairs}: {int(out.isnan().sum())} outputs never written"
-    assert torch.equal(out, out0) and torch.equal(lse, lse0), f"pairs={pairs}: differs from the kernel's own order"
+    assert _section_width_run(q, k, v, cfg, str(pairs), monkeypatch) == pairs
+
+
+def test_sm90_model_section_width_changes_only_the_order(monkeypatch):
+    """FLASH_GEN_SECTION_PAIRS=model: the width runtime/section_schedule.py picks (on 132 SMs, one pair a section
+    for head dim 256 causal 2k over 128 (batch, head) pairs, shared/ANCHORS.md's shape)."""
+    from flash_gen.runtime import driver
+
+    cfg = sm90_config_from_name("wgm128n64s2_persist")
+    gen = torch.Generator(device="cuda").manual_seed(fresh_seed())
+    q, k, v = (torch.randn(16, 2048, 8, 256, generator=gen, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    width = _section_width_run(q, k, v, cfg, "model", monkeypatch)
+    assert width == 1 or driver.sm_count(q.device.index) != 132
 
 
 # Stream-K (persistent tilings on unmasked keys) on shapes whose last round is partial: heads chosen so that the
