@@ -121,3 +121,9 @@ def test_the_forward_plans_describe_their_launch_to_the_model(monkeypatch):
     clustered = Sm90FwdConfig(block_m=192, block_n=128, persistent=True, cluster=2)
     assert fwd._model_section_pairs(SimpleNamespace(cfg=clustered, pack_gqa=False, head_dim=64), 2048, 512, 1,
                                     132, 2) == 0
+
+
+def test_short_keys_keep_the_kernel_rule_without_modelling(monkeypatch):
+    # 132 CTAs x 512 keys x 256 bytes: 16.5 MiB, within L2 whatever the order.
+    monkeypatch.setattr("flash_gen.runtime.section_schedule.schedule", None)  # never reached
+    assert choose_section_pairs(_anchor(64, 512, 192, 128)) == 0

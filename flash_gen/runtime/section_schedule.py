@@ -102,20 +102,23 @@ def running_kv_bytes(plan: Schedule, kv_row_bytes: int, samples: int = 256) -> t
 BALANCE_SLACK = 0.012  # how much busier the busiest CTA may get than under the kernel's rule
 MIN_KV_CUT = 0.10  # the least share of the running K/V a width must save to replace the kernel's rule
 MODELLED_PAIRS = 256  # more pairs repeat the same alternating sections: the model stops there (cost ~linear)
+WIDTHS_TRIED = 64  # the narrowest widths tried (the picks on the anchor shapes are 1-19): bounds the cost
 
 
 @functools.lru_cache(maxsize=1024)
 def choose_section_pairs(launch: CausalLaunch) -> int:
     """The section width to launch with: 0 (the kernel's own rule) unless a narrower width keeps the balance within
     BALANCE_SLACK of the kernel rule's and cuts the mean K/V running at once by MIN_KV_CUT or more; then the
-    width that cuts it most. A few ms per width tried (at most the kernel's width), once per launch shape."""
+    width that cuts it most. A few ms per width tried (at most WIDTHS_TRIED), once per launch shape."""
     if launch.m_blocks * launch.pairs <= launch.ctas:
         return 0  # one round: every tile starts at once, in any order
+    if launch.ctas * launch.seqlen * launch.kv_row_bytes <= L2_SECTION_BYTES:
+        return 0  # even one pair's whole K/V for every CTA fits: no width reads less from DRAM
     model = launch._replace(pairs=min(launch.pairs, MODELLED_PAIRS))
     reference = schedule(model)
     slack = balance(reference) + BALANCE_SLACK
     best, least = 0, (1 - MIN_KV_CUT) * running_kv_bytes(reference, model.kv_row_bytes).double().mean().item()
-    for width in range(1, model.kernel_width()):
+    for width in range(1, min(model.kernel_width(), WIDTHS_TRIED + 1)):
         plan = schedule(model, width)
         if balance(plan) > slack:
             continue
