@@ -22,16 +22,7 @@ import argparse
 import heapq
 import itertools
 
-import torch
-
-from flash_gen.runtime.section_schedule import CausalLaunch, Schedule, balance, running_kv_bytes, schedule
-
-
-def round_kv_mib(plan: Schedule, kv_row_bytes: int) -> list[float]:
-    """Per round of tiles, the K and V bytes (MiB) its tiles read, each pair counted once."""
-    longest = torch.zeros(plan.pair.shape[0], int(plan.pair.max()) + 1, dtype=torch.int64)
-    longest.scatter_reduce_(1, plan.pair, plan.keys, "amax")
-    return (longest.sum(1) * kv_row_bytes / 2**20).tolist()
+from flash_gen.runtime.section_schedule import CausalLaunch, balance, kv_bytes, running_kv_bytes, schedule
 
 
 def greedy(costs: list[int], ctas: int) -> list[int]:
@@ -63,16 +54,17 @@ def main() -> None:
         line = (f"hdim {args.hdim} m{args.block_m} n{args.block_n} S {seqlen} width {width or 'kernel'}: "
                 f"{int((plan.cost > 0).sum())} tiles, persistent max/mean {balance(plan):.3f}")
         if args.greedy:
-            # In tile order (round by round, the snaking order undone by sorting each round's tiles by slot).
+            # In tile order: round by round, odd rounds reversed (undoing the snake).
             costs = [c for row, rnd in zip(plan.cost.tolist(), itertools.count())
                      for c in (row[::-1] if rnd % 2 else row) if c]
             work = greedy(costs, args.ctas)
             line += f", greedy max/mean {max(work) * len(work) / sum(work):.3f}"
-        kv = round_kv_mib(plan, launch.kv_row_bytes)
+        kv = (kv_bytes(plan.pair, plan.keys, launch.kv_row_bytes).double() / 2**20).tolist()  # per round
         line += f", K/V a round max {max(kv):.0f} MiB mean {sum(kv) / len(kv):.0f} MiB"
         kv = (running_kv_bytes(plan, launch.kv_row_bytes).double() / 2**20).tolist()
         line += f", running at once max {max(kv):.0f} MiB mean {sum(kv) / len(kv):.0f} MiB"
         print(line)
+
 
 if __name__ == "__main__":
     main()

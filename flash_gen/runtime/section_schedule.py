@@ -89,10 +89,14 @@ def running_kv_bytes(plan: Schedule, kv_row_bytes: int, samples: int = 256) -> t
     idx = torch.searchsorted(end.double(), now.expand(len(end), samples).contiguous(), right=True)
     running = idx < end.shape[1]
     idx = idx.clamp(max=end.shape[1] - 1)
-    pair = plan.pair.T.gather(1, idx)
-    keys = plan.keys.T.gather(1, idx) * running
-    longest = torch.zeros(samples, int(plan.pair.max()) + 1, dtype=torch.int64)
-    longest.scatter_reduce_(1, pair.T, keys.T, "amax")
+    return kv_bytes(plan.pair.T.gather(1, idx).T, (plan.keys.T.gather(1, idx) * running).T, kv_row_bytes)
+
+
+def kv_bytes(pair: torch.Tensor, keys: torch.Tensor, kv_row_bytes: int) -> torch.Tensor:
+    """Per row of tiles (pair, keys: 2-D, alike), the K and V bytes they read, each pair once at its longest key
+    range."""
+    longest = torch.zeros(pair.shape[0], int(pair.max()) + 1, dtype=torch.int64)
+    longest.scatter_reduce_(1, pair, keys, "amax")
     return longest.sum(1) * kv_row_bytes
 
 
