@@ -79,15 +79,13 @@ def no_stream_k() -> bool:
 
 def section_pairs() -> int | None:
     """FLASH_GEN_SECTION_PAIRS: the width, in (batch, head) pairs, of the sections in which persistent Hopper
-    forwards under causal or local masks take their tiles by length (0 or unset: the kernel's own rule; `model`,
-    None: the width runtime/section_schedule.py picks per shape, measured on one cell so far); for A/B runs of the
-    order's L2 working set against its balance (benchmarks/persistent_balance.py). Read when a call's shapes are
-    first planned."""
+    forwards under causal or local masks take their tiles by length. Unset or `model`: None, the width
+    runtime/section_schedule.py picks per shape; 0: the kernel's own rule; N: N pairs (A/B runs of the order's L2
+    working set against its balance, benchmarks/persistent_balance.py). Read when a call's shapes are first
+    planned."""
     raw = os.environ.get("FLASH_GEN_SECTION_PAIRS", "").strip()
-    if raw == "model":
+    if raw in ("", "model"):
         return None
-    if not raw:
-        return 0
     if not raw.isdigit():
         raise ValueError(f"FLASH_GEN_SECTION_PAIRS={raw!r} is neither `model` nor a whole number of (batch, head) "
                          f"pairs")

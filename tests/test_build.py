@@ -277,9 +277,11 @@ def test_settings_read_the_environment_lazily(monkeypatch, tmp_path):
     with pytest.raises(ValueError, match="FLASH_GEN_DEBUG"):
         settings.debug()
     monkeypatch.delenv("FLASH_GEN_SECTION_PAIRS", raising=False)
-    assert settings.section_pairs() == 0
+    assert settings.section_pairs() is None
     monkeypatch.setenv("FLASH_GEN_SECTION_PAIRS", "model")
     assert settings.section_pairs() is None
+    monkeypatch.setenv("FLASH_GEN_SECTION_PAIRS", "0")
+    assert settings.section_pairs() == 0
     monkeypatch.setenv("FLASH_GEN_SECTION_PAIRS", "3")
     assert settings.section_pairs() == 3
     monkeypatch.setenv("FLASH_GEN_SECTION_PAIRS", "-1")

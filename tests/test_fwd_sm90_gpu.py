@@ -206,22 +206,26 @@ def test_sm90_forward_matches_reference(case):
 
 
 def _section_width_run(q, k, v, cfg: Sm90FwdConfig, setting: str, monkeypatch) -> int:
-    """Runs the causal forward under the kernel's own section rule, then under FLASH_GEN_SECTION_PAIRS=`setting`
-    (planned anew: the setting is read when a call's shapes are planned); asserts that output and lse are the
+    """Runs the causal forward under the kernel's own section rule (FLASH_GEN_SECTION_PAIRS=0), then under `setting`,
+    each planned anew (the setting is read when a call's shapes are planned); asserts that output and lse are the
     same bit for bit (each tile computes the same in any order) and returns the second plan's width."""
     from flash_gen.memo import BoundedMemo
     from flash_gen.runtime import fwd
 
-    monkeypatch.delenv("FLASH_GEN_SECTION_PAIRS", raising=False)
-    out0, lse0 = _run(q, k, v, cfg, True, (-1, -1))
-    monkeypatch.setenv("FLASH_GEN_SECTION_PAIRS", setting)
-    plans = BoundedMemo(8)
-    monkeypatch.setattr(fwd, "_plans", plans)
-    out, lse = _run(q, k, v, cfg, True, (-1, -1))
-    assert not out.isnan().any(), f"{setting}: {int(out.isnan().sum())} outputs never written"
+    def run(value: str):
+        monkeypatch.setenv("FLASH_GEN_SECTION_PAIRS", value)
+        plans = BoundedMemo(8)
+        monkeypatch.setattr(fwd, "_plans", plans)
+        out, lse = _run(q, k, v, cfg, True, (-1, -1))
+        assert not out.isnan().any(), f"{value}: {int(out.isnan().sum())} outputs never written"
+        (plan,) = plans.values()
+        return out, lse, plan.section_pairs
+
+    out0, lse0, width0 = run("0")
+    out, lse, width = run(setting)
+    assert width0 == 0
     assert torch.equal(out, out0) and torch.equal(lse, lse0), f"{setting}: differs from the kernel's own order"
-    (plan,) = plans.values()
-    return plan.section_pairs
+    return width
 
 
 @pytest.mark.parametrize("pairs", [1, 5, 1000])
@@ -234,15 +238,16 @@ def test_sm90_causal_section_width_changes_only_the_order(pairs, monkeypatch):
     assert _section_width_run(q, k, v, cfg, str(pairs), monkeypatch) == pairs
 
 
-def test_sm90_model_section_width_changes_only_the_order(monkeypatch):
-    """FLASH_GEN_SECTION_PAIRS=model: the width runtime/section_schedule.py picks (on 132 SMs, one pair a section
-    for head dim 256 causal 2k over 128 (batch, head) pairs, shared/ANCHORS.md's shape)."""
+@pytest.mark.parametrize("setting", ["model", ""], ids=["model", "unset"])
+def test_sm90_model_section_width_changes_only_the_order(setting, monkeypatch):
+    """The default, FLASH_GEN_SECTION_PAIRS unset or `model`: the width runtime/section_schedule.py picks (on 132
+    SMs, one pair a section for head dim 256 causal 2k over 128 (batch, head) pairs, shared/ANCHORS.md's shape)."""
     from flash_gen.runtime import driver
 
     cfg = sm90_config_from_name("wgm128n64s2_persist")
     gen = torch.Generator(device="cuda").manual_seed(fresh_seed())
     q, k, v = (torch.randn(16, 2048, 8, 256, generator=gen, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    width = _section_width_run(q, k, v, cfg, "model", monkeypatch)
+    width = _section_width_run(q, k, v, cfg, setting, monkeypatch)
     assert width == 1 or driver.sm_count(q.device.index) != 132
 
 

@@ -246,7 +246,7 @@ def plan_fwd(
             grid = (stream_k.ctas, 1, 1)
         if var.cfg.persistent and features[3] != "none":  # the masks whose tiles the kernel orders in sections
             section_pairs = settings.section_pairs()
-            if section_pairs is None:  # FLASH_GEN_SECTION_PAIRS=model (the default once measured)
+            if section_pairs is None:  # the model's width (the default; FLASH_GEN_SECTION_PAIRS=0: the kernel's rule)
                 section_pairs = (_model_section_pairs(var, seqlen_q, pairs, group, grid[0], q.element_size())
                                  if features[3] == "causal" and kv == "dense" and seqlen_q == seqlen_k else 0)
     params = None
