@@ -205,15 +205,18 @@ def test_sm90_forward_matches_reference(case):
     assert lse_err.numel() == 0 or lse_err.max().item() <= 1e-3, f"{where}: lse off by {lse_err.max().item():.3e}"
 
 
-def _section_width_run(q, k, v, cfg: Sm90FwdConfig, setting: str, monkeypatch) -> int:
+def _section_width_run(q, k, v, cfg: Sm90FwdConfig, setting: str | None, monkeypatch) -> int:
     """Runs the causal forward under the kernel's own section rule (FLASH_GEN_SECTION_PAIRS=0), then under `setting`,
     each planned anew (the setting is read when a call's shapes are planned); asserts that output and lse are the
-    same bit for bit (each tile computes the same in any order) and returns the second plan's width."""
+    same bit for bit (each tile computes the same in any order) and returns the second plan's width. None: unset."""
     from flash_gen.memo import BoundedMemo
     from flash_gen.runtime import fwd
 
-    def run(value: str):
-        monkeypatch.setenv("FLASH_GEN_SECTION_PAIRS", value)
+    def run(value: str | None):
+        if value is None:
+            monkeypatch.delenv("FLASH_GEN_SECTION_PAIRS", raising=False)
+        else:
+            monkeypatch.setenv("FLASH_GEN_SECTION_PAIRS", value)
         plans = BoundedMemo(8)
         monkeypatch.setattr(fwd, "_plans", plans)
         out, lse = _run(q, k, v, cfg, True, (-1, -1))
@@ -238,7 +241,7 @@ def test_sm90_causal_section_width_changes_only_the_order(pairs, monkeypatch):
     assert _section_width_run(q, k, v, cfg, str(pairs), monkeypatch) == pairs
 
 
-@pytest.mark.parametrize("setting", ["model", ""], ids=["model", "unset"])
+@pytest.mark.parametrize("setting", ["model", None], ids=["model", "unset"])
 def test_sm90_model_section_width_changes_only_the_order(setting, monkeypatch):
     """The default, FLASH_GEN_SECTION_PAIRS unset or `model`: the width runtime/section_schedule.py picks (on 132
     SMs, one pair a section for head dim 256 causal 2k over 128 (batch, head) pairs, shared/ANCHORS.md's shape)."""
