@@ -102,8 +102,9 @@ def kv_bytes(pair: torch.Tensor, keys: torch.Tensor, kv_row_bytes: int) -> torch
 
 # choose_section_pairs' rule, from the model's figures for the widths measured on the H100 (docs/benchmarks.md,
 # "The section-width switch on the GPU"): it picks the one measured gain (one pair at head dim 256 causal 2k) and
-# none of the measured losses; on the anchor shapes its picks gained 2-5% at 2k and were level elsewhere
-# (docs/benchmarks.md, "The model's section width").
+# none of the measured losses; on the anchor shapes its picks gained 2-5% at 2k and were level elsewhere, at 1500-3500
+# keys they gained up to 3.6% or tied (docs/benchmarks.md, "The model's section width" and "... off the anchor
+# lengths").
 BALANCE_SLACK = 0.012  # how much busier the busiest CTA may get than under the kernel's rule
 MIN_KV_CUT = 0.10  # the least share of the running K/V a width must save to replace the kernel's rule
 MODELLED_PAIRS = 256  # more pairs repeat the same alternating sections: the model stops there (cost ~linear)
