@@ -19,7 +19,7 @@ from flash_gen import flash_attn_func, flash_attn_varlen_func, ops
 from flash_gen.reference import dropout_keep, dropout_keep_dense
 from flash_gen.validate import validate_fwd
 
-from attn_reference import DTYPES, MASKS, SOFTCAP, attention_ref, fresh_seed
+from attn_reference import DTYPES, MASKS, SOFTCAP, attention_ref, fresh_seed, grad_leaves, reference_grads
 from test_bwd_gpu import Case as BwdCase
 
 pytestmark = pytest.mark.gpu
@@ -44,10 +44,13 @@ CASES += [
     Case("bf16", 256, 77, 1025, 1, 4, 1, "none", p=0.1),
     Case("fp16", 224, 300, 211, 2, 4, 2, "causal", p=0.2),  # computed as 256
     Case("bf16", 192, 211, 300, 2, 4, 2, "causal", "softcap", p=0.2),  # split: the second P^T signed and capped
-    # One query over three keys: with a single visible key P = 1 and dS = P (Z dP s - rowsum(dO O)) vanishes in
-    # exact math, so both references give dQ = 0 while the kernel's rowsum reads the bf16-rounded output (as
-    # flash_attn's does): no error budget for that rounding.
-    Case("bf16", 40, 1, 3, 1, 2, 2, "none", p=0.6),
+    # One query over three keys: dQ and dK nearly cancel, so much of their error is the kernel's rowsum over the
+    # bf16-rounded output (as flash_attn's), which reference_grads budgets (with a single visible key P = 1 and
+    # dS = P (Z dP s - rowsum(dO O)) is that rounding alone). Batch 4 and 8 heads: the rule compares maxima, and
+    # over the 80 elements of batch 1 and 2 heads 3% of seeds failed dQ and as many dK (H100, 2026-12-07) although the
+    # kernel's dQ equalled flash_attn's algorithm in fp32 bit for bit; a simulation of that algorithm puts the
+    # rate at 0 in 3000 seeds here, with the budget.
+    Case("bf16", 40, 1, 3, 4, 8, 8, "none", p=0.6),
     Case("bf16", 64, 257, 257, 2, 4, 2, "causal", deterministic=True, p=0.2),
 ]
 
@@ -107,17 +110,19 @@ def _score_kwargs(case: Case, alibi) -> dict:
 
 
 def _reference(q, k, v, dout, mask, p, *, upcast: bool, causal, window_size, softcap, alibi_slopes):
-    """(out, lse, dq, dk, dv) of the reference with this keep mask."""
-    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    """(out, lse, dq, dk, dv) of the reference with this keep mask, and each one's budget for the kernels' reading
+    of their stored output (attn_reference.reference_grads; none for out and lse)."""
+    leaves = grad_leaves((q, k, v), upcast)
     out, lse = attention_ref(*leaves, scale=q.shape[-1] ** -0.5, causal=causal, window=window_size,
                              softcap=softcap, alibi_slopes=alibi_slopes, upcast=upcast, dropout_mask=mask,
                              dropout_p=p)
-    return (out, lse, *torch.autograd.grad(out, leaves, dout.to(out.dtype)))
+    grads, shift = reference_grads(out, lse, leaves, dout, q.dtype)
+    return (out, lse, *grads), (0.0, 0.0, *(s.abs().max().item() for s in shift))
 
 
-def _check(got: dict, ref64: tuple, low: tuple, where: str) -> None:
+def _check(got: dict, ref64: tuple, low: tuple, budget: tuple, where: str) -> None:
     eps = torch.finfo(got["out"].dtype).eps
-    for name, r, lo in zip(("out", "lse", "dq", "dk", "dv"), ref64, low):
+    for name, r, lo, extra in zip(("out", "lse", "dq", "dk", "dv"), ref64, low, budget):
         g = got[name]
         assert not g.isnan().any(), f"{where}: {name} has {int(g.isnan().sum())} unwritten (NaN) elements"
         if name == "lse":  # +inf where a row sees no key, in both
@@ -127,7 +132,7 @@ def _check(got: dict, ref64: tuple, low: tuple, where: str) -> None:
         if not g.numel():
             continue
         err = (g.double() - r).abs().max().item()
-        tol = 2 * (lo.double() - r).abs().max().item() + eps * r.abs().max().item() + 1e-4
+        tol = 2 * (lo.double() - r).abs().max().item() + extra + eps * r.abs().max().item() + 1e-4
         assert err <= tol, f"{where}: {name} max|err| = {err:.3e} > {tol:.3e}"
 
 
@@ -158,9 +163,9 @@ def test_dropout_matches_reference(case: Case):
     got = _runtime(q, k, v, dout, rng_state, case.p, deterministic=case.deterministic, **kwargs)
     mask = dropout_keep_dense(rng_state.item(), case.p, case.batch, case.nheads, case.seqlen_q, case.seqlen_k,
                               device="cuda")
-    ref64 = _reference(q, k, v, dout, mask, case.p, upcast=True, **kwargs)
-    low = _reference(q, k, v, dout, mask, case.p, upcast=False, **kwargs)
-    _check(got, ref64, low, f"{case} seed={seed}")
+    ref64, budget = _reference(q, k, v, dout, mask, case.p, upcast=True, **kwargs)
+    low, _ = _reference(q, k, v, dout, mask, case.p, upcast=False, **kwargs)
+    _check(got, ref64, low, budget, f"{case} seed={seed}")
     if case.deterministic:
         again = _runtime(q, k, v, dout, rng_state, case.p, deterministic=True, **kwargs)
         assert all(torch.equal(got[n], again[n]) for n in got), "same seed, same bits"
@@ -181,9 +186,9 @@ def test_dropout_tilings(case: Case, direction: str, config: str):
                    **{"config" if direction == "fwd" else "bwd_config": tiling}, **kwargs)
     mask = dropout_keep_dense(rng_state.item(), case.p, case.batch, case.nheads, case.seqlen_q, case.seqlen_k,
                               device="cuda")
-    ref64 = _reference(q, k, v, dout, mask, case.p, upcast=True, **kwargs)
-    low = _reference(q, k, v, dout, mask, case.p, upcast=False, **kwargs)
-    _check(got, ref64, low, f"{case} {direction} {config} seed={seed}")
+    ref64, budget = _reference(q, k, v, dout, mask, case.p, upcast=True, **kwargs)
+    low, _ = _reference(q, k, v, dout, mask, case.p, upcast=False, **kwargs)
+    _check(got, ref64, low, budget, f"{case} {direction} {config} seed={seed}")
 
 
 @pytest.mark.parametrize("mask", ["none", "causal"])
@@ -202,11 +207,11 @@ def test_dropout_packed_batch(mask: str):
         rows, cols = slice(cu_q[b].item(), cu_q[b + 1].item()), slice(cu_k[b].item(), cu_k[b + 1].item())
         keep = dropout_keep(rng_state.item(), case.p, b, case.nheads, sq, sk, device="cuda")[None]
         entry = [t[None, s] for t, s in ((q, rows), (k, cols), (v, cols), (dout, rows))]
-        ref64 = _reference(*entry, keep, case.p, upcast=True, **kwargs)
-        low = _reference(*entry, keep, case.p, upcast=False, **kwargs)
+        ref64, budget = _reference(*entry, keep, case.p, upcast=True, **kwargs)
+        low, _ = _reference(*entry, keep, case.p, upcast=False, **kwargs)
         mine = dict(out=got["out"][None, rows], lse=got["lse"][None, :, rows], dq=got["dq"][None, rows],
                     dk=got["dk"][None, cols], dv=got["dv"][None, cols])
-        _check(mine, ref64, low, f"entry {b} ({sq}x{sk}) {case} seed={seed}")
+        _check(mine, ref64, low, budget, f"entry {b} ({sq}x{sk}) {case} seed={seed}")
 
 
 def test_public_api_seeds_from_torch_generator():
