@@ -74,11 +74,14 @@ struct Sm90FwdTraits {
   static_assert(!kMaxFree || kOverlap_);
   static constexpr int kConsumerThreads = 128 * kConsumers;
   static constexpr int kNThreads = 128 + kConsumerThreads;  // the producer warpgroup first
-  // setmaxnreg budgets (multiples of 8) filling the 64K-register file: producer + consumers, per CTA on the SM.
+  // setmaxnreg budgets (multiples of 8). Consumers' increases are served only from what the producer's decrease
+  // frees in the CTA's launch allocation (kNThreads x the registers per thread that __launch_bounds__ gives, 168 at
+  // 384 threads), so the budgets must fit that allocation, not just the register file: 32 + 2 x 240 hung.
   static constexpr int kProducerRegs = kConsumers == 3 ? 32 : 24;
   static constexpr int kConsumerRegs = kConsumers == 1 ? 232 : (kConsumers == 2 ? 240 : 160);
   static_assert(kConsumers >= 1 && kConsumers <= 3 && (kConsumers > 1 || !kPingPong_));
-  static_assert(kCtasPerSm * 128 * (kProducerRegs + kConsumers * kConsumerRegs) <= 65536);
+  static constexpr int kLaunchRegs = 65536 / (kCtasPerSm * kNThreads) / 8 * 8;
+  static_assert(128 * (kProducerRegs + kConsumers * kConsumerRegs) <= kNThreads * kLaunchRegs);
   static constexpr Mask kMask = kMask_;
   static constexpr bool kSoftcap = kSoftcap_;
   static constexpr bool kAlibi = kAlibi_;
