@@ -43,6 +43,11 @@ def reference_grads(out: torch.Tensor, lse: torch.Tensor, leaves, dout: torch.Te
     return grads, shift
 
 
+def budgets(shift) -> tuple[float, ...]:
+    """Each gradient's tolerance for reading the stored output: the largest move of reference_grads' shift."""
+    return tuple(s.abs().max().item() if s.numel() else 0.0 for s in shift)
+
+
 def grad_leaves(tensors, upcast: bool) -> list[torch.Tensor]:
     """Copies of `tensors` to differentiate a reference through: float64 when `upcast`. Autograd returns a leaf's
     gradient in the leaf's dtype, so float64 math on bf16 leaves would still round the reference's gradients to
