@@ -6,8 +6,11 @@ that key loop); the patched kernel's lse is garbage, and its local arrays cost i
 
     here:  mkdir -p .ab/trace && git archive HEAD flash_gen setup.py pyproject.toml | tar -x -C .ab/trace
            python3 benchmarks/tile_boundary_trace.py patch .ab/trace
-    there: cd .ab/trace && FLASH_GEN_FWD_CONFIG=wgm128n64s2_persist PYTHONPATH=$PWD \\
-           python3 ../../benchmarks/tile_boundary_trace.py run --hdim 256 --seqlen 2048
+           (cd .ab/trace && FLASH_GEN_CACHE_DIR=$PWD/../../.kernels_trace PYTHONPATH=$PWD python3 -m flash_gen.cli \\
+            compile --arch sm90 --hdim 256 --dtype bf16 --mask none --configs wgm128n64s2_persist --out /tmp/trace)
+    there: (carry .ab/trace and .kernels_trace) cd .ab/trace && FLASH_GEN_CACHE_DIR=$PWD/../../.kernels_trace \\
+           FLASH_GEN_FWD_CONFIG=wgm128n64s2_persist PYTHONPATH=$PWD python3 ../../benchmarks/tile_boundary_trace.py \\
+           run --hdim 256 --seqlen 2048
 
 (docs/hopper_forward.md, "Head dim 256's tile boundary, clock by clock".)
 """
@@ -20,7 +23,7 @@ from pathlib import Path
 
 ROUNDS = 16
 # Stamp i of a round: CONSUMER[i] (each consumer warpgroup's first thread), PRODUCER[i] (the producer thread).
-CONSUMER = ("Q landed", "first S done", "Q released", "last P V done", "both warpgroups' P V done", "epilogue done",
+CONSUMER = ("Q landed", "first S done", "Q released", "last P V done", "O's staging buffer free", "epilogue done",
             "first V landed")
 PRODUCER = ("Q issued", "first K issued", "first V issued")
 PRODUCER_AT = 2 * ROUNDS * len(CONSUMER)  # lse word of the producer's first stamp
@@ -101,8 +104,8 @@ def segments(stamps: list[int]) -> dict[str, list[int]]:
                                 ("Q landed -> first S done", d(c[0], c[1])),
                                 ("first S done -> first V landed", d(c[1], c[6])),
                                 ("Q released -> last P V done", d(c[2], c[3])),
-                                ("last P V -> both warpgroups' P V", d(c[3], c[4])),
-                                ("both P V -> epilogue done", d(c[4], c[5]))):
+                                ("last P V -> O's buffer free", d(c[3], c[4])),
+                                ("O's buffer free -> epilogue done", d(c[4], c[5]))):
                 out.setdefault(name, []).append(value)
         released = later(cons[0][r - 1][2], cons[1][r - 1][2])
         for name, value in (("producer: last Q release -> Q issued", d(released, prod[r][0])),
