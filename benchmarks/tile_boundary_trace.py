@@ -1,8 +1,9 @@
 """Clock trace of the Hopper forward's tile boundary. `patch` edits a copy of the tree so that CTA 0's producer thread
 and the first thread of each consumer warpgroup stamp %clock at fixed points of each of their first 16 rounds and
 write the stamps over lse at exit; `run` (on the GPU, in that copy) calls the kernel and prints the median of each
-segment over the rounds, first and last left out. Persistent tilings with intra-warpgroup overlap (the stamps sit in
-that key loop); the patched kernel's lse is garbage, and its local arrays cost it a little time.
+segment over the rounds, first and last left out. Persistent tilings with two consumer warpgroups and
+intra-warpgroup overlap (the stamps sit in that key loop, and lse's first words hold two warpgroups' stamps, then the
+producer's); the patched kernel's lse is garbage, and its local arrays cost it a little time.
 
     here:  mkdir -p .ab/trace && git archive HEAD flash_gen setup.py pyproject.toml | tar -x -C .ab/trace
            python3 benchmarks/tile_boundary_trace.py patch .ab/trace
