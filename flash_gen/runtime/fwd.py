@@ -259,13 +259,20 @@ def plan_fwd(
 def _model_section_pairs(var: _Variant, seqlen: int, pairs: int, group: int, ctas: int, element_bytes: int) -> int:
     """The section width section_schedule.choose_section_pairs picks for a dense causal launch with as many keys
     as queries (what its model covers); 0, the kernel's own rule, with clusters."""
+    launch = sm90_causal_launch(var, seqlen, pairs, group, ctas, element_bytes)
+    return 0 if launch is None else choose_section_pairs(launch)
+
+
+def sm90_causal_launch(var: _Variant, seqlen: int, pairs: int, group: int, ctas: int,
+                       element_bytes: int) -> CausalLaunch | None:
+    """A persistent Hopper variant's dense causal launch as section_schedule models it (None with clusters, whose
+    tile order the model does not cover)."""
     cfg = var.cfg
     if cfg.cluster > 1:
-        return 0
+        return None
     positions = ROWS_PER_CONSUMER // group if var.pack_gqa else ROWS_PER_CONSUMER
-    return choose_section_pairs(CausalLaunch(seqlen, pairs, cfg.consumers * positions, cfg.block_n, ctas,
-                                             2 * var.head_dim * element_bytes, 1 if var.pack_gqa else group,
-                                             positions))
+    return CausalLaunch(seqlen, pairs, cfg.consumers * positions, cfg.block_n, ctas, 2 * var.head_dim * element_bytes,
+                        1 if var.pack_gqa else group, positions)
 
 
 def _split_plan(features: tuple, q: torch.Tensor, shape: _Shape, seqlen_k: int, nheads_k: int, num_splits: int,

@@ -92,6 +92,13 @@ def running_kv_bytes(plan: Schedule, kv_row_bytes: int, samples: int = 256) -> t
     return kv_bytes(plan.pair.T.gather(1, idx).T, (plan.keys.T.gather(1, idx) * running).T, kv_row_bytes)
 
 
+def figures(launch: CausalLaunch, section_pairs: int = 0) -> tuple[float, float]:
+    """A width's two figures: the balance and the mean K/V bytes running at once (section_pairs 0: the kernel's
+    rule)."""
+    plan = schedule(launch, section_pairs)
+    return balance(plan), running_kv_bytes(plan, launch.kv_row_bytes).double().mean().item()
+
+
 def kv_bytes(pair: torch.Tensor, keys: torch.Tensor, kv_row_bytes: int) -> torch.Tensor:
     """Per row of tiles (pair, keys: 2-D, alike), the K and V bytes they read, each pair once at its longest key
     range."""
@@ -121,14 +128,10 @@ def choose_section_pairs(launch: CausalLaunch) -> int:
     if launch.ctas * launch.seqlen * launch.kv_row_bytes <= L2_SECTION_BYTES:
         return 0  # even one pair's whole K/V for every CTA fits: no width reads less from DRAM
     model = launch._replace(pairs=min(launch.pairs, MODELLED_PAIRS))
-    reference = schedule(model)
-    slack = balance(reference) + BALANCE_SLACK
-    best, least = 0, (1 - MIN_KV_CUT) * running_kv_bytes(reference, model.kv_row_bytes).double().mean().item()
+    kernel_balance, kernel_kv = figures(model)
+    best, least = 0, (1 - MIN_KV_CUT) * kernel_kv
     for width in range(1, min(model.kernel_width(), WIDTHS_TRIED + 1)):
-        plan = schedule(model, width)
-        if balance(plan) > slack:
-            continue
-        kv = running_kv_bytes(plan, model.kv_row_bytes).double().mean().item()
-        if kv < least:
+        bal, kv = figures(model, width)
+        if bal <= kernel_balance + BALANCE_SLACK and kv < least:
             best, least = width, kv
     return best
