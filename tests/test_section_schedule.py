@@ -127,3 +127,12 @@ def test_short_keys_keep_the_kernel_rule_without_modelling(monkeypatch):
     # 132 CTAs x 512 keys x 256 bytes: 16.5 MiB, within L2 whatever the order.
     monkeypatch.setattr("flash_gen.runtime.section_schedule.schedule", None)  # never reached
     assert choose_section_pairs(_anchor(64, 512, 192, 128)) == 0
+
+
+def test_width_sweep_times_the_widths_no_other_beats_in_both_figures(monkeypatch):
+    from script_module import ROOT, load_script
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # its bench_common, as when run from there
+    pareto = load_script("benchmarks/bench_section_width.py")._pareto
+    # Width 2 is beaten by 1 in both figures, 4 ties 3 in balance with more K/V; 1 and 3 trade one for the other.
+    assert pareto({1: (1.03, 30.0), 2: (1.05, 31.0), 3: (1.00, 40.0), 4: (1.00, 41.0)}) == [1, 3]
