@@ -31,7 +31,7 @@ def setup(doc: str, **defaults: str) -> tuple[argparse.Namespace, Callable[[Call
     return args, lambda fn: do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
-def sdpa_call(backend: SDPBackend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+def sdpa_call(backend: SDPBackend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False):
     """A zero-argument SDPA call on (b, s, h, d) inputs, or None when the backend refuses the shape."""
     group = q.shape[2] // k.shape[2]
     qt = q.transpose(1, 2)
@@ -40,7 +40,7 @@ def sdpa_call(backend: SDPBackend, q: torch.Tensor, k: torch.Tensor, v: torch.Te
 
         def call(kt=kt, vt=vt, gqa=gqa):
             with sdpa_kernel(backend):
-                return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=gqa)
+                return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=gqa)
 
         try:
             call()

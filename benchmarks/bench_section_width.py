@@ -6,9 +6,10 @@ each: how well runtime/section_schedule.py's balance and running K/V foretell th
 Each shape is head dim : seqlen (queries = keys) : heads : batch, bf16, causal. Per shape: the runtime's default
 plan (`model`: the width choose_section_pairs picks), the kernel's own rule (`kernel`, FLASH_GEN_SECTION_PAIRS=0),
 every width no other width beats in the model's balance and running K/V both (up to WIDTHS_TRIED pairs), the
---widths given, and SDPA's cuDNN backend. Each round times them all in turn, starting one further along each round
-(the clock drifts with temperature under the power limit); a width's figure is its median round (median of
-triton.testing.do_bench, L2 flushed between calls). TFLOP/s = 2 * b * h * d * s^2 / time. GPU only (sm_90).
+--widths given, and SDPA's cuDNN backend. Each round times the widths in turn, starting one further along each round
+(the clock drifts with temperature under the power limit), then cuDNN (whose power draw slows the call after it:
+that call moves round by round too); a figure is its median round (median of triton.testing.do_bench, L2 flushed
+between calls). TFLOP/s = 2 * b * h * d * s^2 / time. GPU only (sm_90).
 """
 
 from __future__ import annotations
@@ -66,13 +67,13 @@ def main() -> int:
         widths = sorted(set(_pareto({w: f for w, f in figs.items() if w}) + [w for w in extra if w and w in figs]))
         plans = {"model": default, "kernel": _plan(q, k, v, "0")} | {str(w): _plan(q, k, v, str(w)) for w in widths}
         impls = {name: (lambda p=p: run_fwd(p, q, k, v, None)) for name, p in plans.items()}
-        if (fn := sdpa_call(SDPBackend.CUDNN_ATTENTION, q, k, v)) is not None:
+        if (fn := sdpa_call(SDPBackend.CUDNN_ATTENTION, q, k, v, causal=True)) is not None:
             impls["cuDNN"] = fn
         cells.append(((d, s, h, b), plans, impls, figs, {name: [] for name in impls}))
     for r in range(int(args.rounds)):
         for _, _, impls, _, samples in cells:
-            names = list(impls)
-            for name in names[r % len(names):] + names[:r % len(names)]:
+            names = [name for name in impls if name != "cuDNN"]
+            for name in names[r % len(names):] + names[:r % len(names)] + ["cuDNN"] * ("cuDNN" in impls):
                 samples[name].append(timer(impls[name]))
     rows = []
     print("TFLOP/s, bf16, causal; width: the plan's section_pairs (0: the kernel's rule); the model's balance "

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from flash_gen.runtime.section_schedule import (
-    BALANCE_SLACK, MIN_KV_CUT, CausalLaunch, Schedule, balance, choose_section_pairs, running_kv_bytes, schedule,
+    BALANCE_SLACK, IMBALANCE_COST, KV_COST_PER_MIB, KV_FREE_MIB, MIN_KV_CUT, CausalLaunch, Schedule, balance,
+    choose_section_pairs, modelled_time, running_kv_bytes, schedule,
 )
 
 
@@ -123,10 +124,26 @@ def test_the_forward_plans_describe_their_launch_to_the_model(monkeypatch):
                                     132, 2) == 0
 
 
-def test_short_keys_keep_the_kernel_rule_without_modelling(monkeypatch):
-    # 132 CTAs x 512 keys x 256 bytes: 16.5 MiB, within L2 whatever the order.
-    monkeypatch.setattr("flash_gen.runtime.section_schedule.schedule", None)  # never reached
+def test_short_keys_narrow_nothing():
+    # 132 CTAs x 512 keys x 256 bytes: 16.5 MiB, within L2 whatever the order: no narrowing, and the kernel's rule
+    # is as even as any width (1.005).
     assert choose_section_pairs(_anchor(64, 512, 192, 128)) == 0
+
+
+@pytest.mark.parametrize("hdim, seqlen, pairs, width", [
+    (256, 8192, 16, 4),  # the kernel's 3-pair sections leave the busiest CTA 1.156x the mean: 4 pairs +9.9% (H100)
+    (256, 4096, 32, 3),  # 1.153x: 3 pairs +6.5% (H100)
+    (128, 2048, 128, 22),  # 1.106x: 22 pairs +6.0% (H100)
+])
+def test_balancing_repairs_the_uneven_16k_token_cells(hdim, seqlen, pairs, width):
+    block_m, block_n = (128, 64) if hdim == 256 else (192, 80)
+    assert choose_section_pairs(CausalLaunch(seqlen, pairs, block_m, block_n, 132, 4 * hdim)) == width
+
+
+def test_modelled_time_weighs_balance_and_the_running_kv_past_its_free_share():
+    assert modelled_time(1.0, 10 << 20) == 1.0
+    assert modelled_time(1.1, 0) == pytest.approx(1 + 0.1 * IMBALANCE_COST)
+    assert modelled_time(1.0, (KV_FREE_MIB + 10) << 20) == pytest.approx(1 + 10 * KV_COST_PER_MIB)
 
 
 def test_width_sweep_times_the_widths_no_other_beats_in_both_figures(monkeypatch):

@@ -107,31 +107,52 @@ def kv_bytes(pair: torch.Tensor, keys: torch.Tensor, kv_row_bytes: int) -> torch
     return longest.sum(1) * kv_row_bytes
 
 
-# choose_section_pairs' rule, from the model's figures for the widths measured on the H100 (docs/benchmarks.md,
+# choose_section_pairs' rule, from the model's figures for the widths measured on the H100. Narrowing (docs/benchmarks.md,
 # "The section-width switch on the GPU"): it picks the one measured gain (one pair at head dim 256 causal 2k) and
 # none of the measured losses; on the anchor shapes its picks gained 2-5% at 2k and were level elsewhere, at 1500-3500
 # keys they gained up to 3.6% or tied (docs/benchmarks.md, "The model's section width" and "... off the anchor
-# lengths").
-BALANCE_SLACK = 0.012  # how much busier the busiest CTA may get than under the kernel's rule
-MIN_KV_CUT = 0.10  # the least share of the running K/V a width must save to replace the kernel's rule
-MODELLED_PAIRS = 256  # more pairs repeat the same alternating sections: the model stops there (cost ~linear)
-WIDTHS_TRIED = 64  # the narrowest widths tried (the picks on the anchor shapes are 1-19): bounds the cost
+# lengths"). Balancing (docs/benchmarks.md, "Section widths for the balance"): at 16k tokens the kernel's sections
+# leave the busiest CTA 4-16% over the mean, and balanced widths measured up to 10% faster. A least-squares fit of 35
+# such timings (H100, nine shapes at head dims 128 and 256) gives the modelled time below: a point of balance costs
+# 0.6 of a point of time (the idle CTAs' share of the power limit lifts the clock of the rest) and, at head dim 256,
+# each MiB of running K/V past 32 costs 0.2% (head dim 128 showed none).
+BALANCE_SLACK = 0.012  # narrowing: how much busier the busiest CTA may get than under the kernel's rule
+MIN_KV_CUT = 0.10  # narrowing: the least share of the running K/V a width must save to replace the kernel's rule
+IMBALANCE_COST = 0.6  # modelled time: the share of the busiest CTA's excess work that the launch takes longer
+KV_FREE_MIB, KV_COST_PER_MIB = 32, 0.002  # modelled time: running K/V that costs nothing, and the cost past it
+MIN_GAIN = 0.02  # balancing: the modelled time a width must save over the narrowing pick (a 32k-token cell the
+#                   model gave 1.2% measured 2% slower)
+MODELLED_TILES = 16384  # the model covers the pairs whose tiles this holds (cost ~linear: about 1 ms a width);
+#                        past 124 rounds the last round's unevenness weighs little
+WIDTHS_TRIED = 64  # the widths tried (the picks on the anchor shapes are 1-22): bounds the cost
+
+
+def modelled_time(balance_: float, running_kv: float) -> float:
+    """A width's launch time relative to a perfectly balanced one within KV_FREE_MIB of running K/V (bytes)."""
+    return 1 + IMBALANCE_COST * (balance_ - 1) + KV_COST_PER_MIB * max(0.0, running_kv / 2**20 - KV_FREE_MIB)
 
 
 @functools.lru_cache(maxsize=1024)
 def choose_section_pairs(launch: CausalLaunch) -> int:
-    """The section width to launch with: 0 (the kernel's own rule) unless a narrower width keeps the balance within
-    BALANCE_SLACK of the kernel rule's and cuts the mean K/V running at once by MIN_KV_CUT or more; then the
-    width that cuts it most. A few ms per width tried (at most WIDTHS_TRIED), once per launch shape."""
+    """The section width to launch with. Narrowing: 0 (the kernel's own rule) unless a narrower width keeps the
+    balance within BALANCE_SLACK of the kernel rule's and cuts the mean K/V running at once by MIN_KV_CUT or more;
+    then the width that cuts it most. Balancing: the width of least modelled_time instead where it saves MIN_GAIN
+    or more. About a ms per width tried (at most WIDTHS_TRIED), once per launch shape."""
     if launch.m_blocks * launch.pairs <= launch.ctas:
         return 0  # one round: every tile starts at once, in any order
-    if launch.ctas * launch.seqlen * launch.kv_row_bytes <= L2_SECTION_BYTES:
-        return 0  # even one pair's whole K/V for every CTA fits: no width reads less from DRAM
-    model = launch._replace(pairs=min(launch.pairs, MODELLED_PAIRS))
-    kernel_balance, kernel_kv = figures(model)
-    best, least = 0, (1 - MIN_KV_CUT) * kernel_kv
-    for width in range(1, min(model.kernel_width(), WIDTHS_TRIED + 1)):
-        bal, kv = figures(model, width)
-        if bal <= kernel_balance + BALANCE_SLACK and kv < least:
-            best, least = width, kv
+    model = launch._replace(pairs=min(launch.pairs, max(1, MODELLED_TILES // launch.m_blocks)))
+    plans = {width: schedule(model, width) for width in range(min(model.pairs, WIDTHS_TRIED) + 1)}
+    balances = {width: balance(plan) for width, plan in plans.items()}
+    kv = functools.cache(lambda width: running_kv_bytes(plans[width], model.kv_row_bytes).double().mean().item())
+    pick = 0
+    # Narrowing reads less from DRAM only where one pair's K/V for every CTA would not fit L2.
+    if launch.ctas * launch.seqlen * launch.kv_row_bytes > L2_SECTION_BYTES:
+        least = (1 - MIN_KV_CUT) * kv(0)
+        for width in range(1, min(model.kernel_width(), WIDTHS_TRIED + 1)):
+            if balances[width] <= balances[0] + BALANCE_SLACK and kv(width) < least:
+                pick, least = width, kv(width)
+    best, least = pick, modelled_time(balances[pick], kv(pick)) - MIN_GAIN
+    for width, bal in balances.items():
+        if modelled_time(bal, 0) < least and (time := modelled_time(bal, kv(width))) < least:  # K/V only where it may win
+            best, least = width, time
     return best
