@@ -112,7 +112,7 @@ def kv_bytes(pair: torch.Tensor, keys: torch.Tensor, kv_row_bytes: int) -> torch
 # none of the measured losses; on the anchor shapes its picks gained 2-5% at 2k and were level elsewhere, at 1500-3500
 # keys they gained up to 3.6% or tied (docs/benchmarks.md, "The model's section width" and "... off the anchor
 # lengths"). Balancing (docs/benchmarks.md, "Section widths for the balance"): at 16k tokens the kernel's sections
-# leave the busiest CTA 4-16% over the mean, and balanced widths measured up to 10% faster. A least-squares fit of 35
+# leave the busiest CTA 4-23% over the mean, and balanced widths measured up to 13% faster. A least-squares fit of 35
 # such timings (H100, nine shapes at head dims 128 and 256) gives the modelled time below: a point of balance costs
 # 0.6 of a point of time (the idle CTAs' share of the power limit lifts the clock of the rest) and, at head dim 256,
 # each MiB of running K/V past 32 costs 0.2% (head dim 128 showed none).
@@ -124,7 +124,7 @@ MIN_GAIN = 0.02  # balancing: the modelled time a width must save over the narro
 #                   model gave 1.2% measured 2% slower)
 MODELLED_TILES = 16384  # the model covers the pairs whose tiles this holds (cost ~linear: about 1 ms a width);
 #                        past 124 rounds the last round's unevenness weighs little
-WIDTHS_TRIED = 64  # the widths tried (the picks on the anchor shapes are 1-22): bounds the cost
+WIDTHS_TRIED = 64  # the widths tried (the picks measured are 1-27): bounds the cost
 
 
 def modelled_time(balance_: float, running_kv: float) -> float:
@@ -141,9 +141,8 @@ def choose_section_pairs(launch: CausalLaunch) -> int:
     if launch.m_blocks * launch.pairs <= launch.ctas:
         return 0  # one round: every tile starts at once, in any order
     model = launch._replace(pairs=min(launch.pairs, max(1, MODELLED_TILES // launch.m_blocks)))
-    plans = {width: schedule(model, width) for width in range(min(model.pairs, WIDTHS_TRIED) + 1)}
-    balances = {width: balance(plan) for width, plan in plans.items()}
-    kv = functools.cache(lambda width: running_kv_bytes(plans[width], model.kv_row_bytes).double().mean().item())
+    balances = {width: balance(schedule(model, width)) for width in range(min(model.pairs, WIDTHS_TRIED) + 1)}
+    kv = functools.cache(lambda width: figures(model, width)[1])  # the schedule again: not all 65 held at once
     pick = 0
     # Narrowing reads less from DRAM only where one pair's K/V for every CTA would not fit L2.
     if launch.ctas * launch.seqlen * launch.kv_row_bytes > L2_SECTION_BYTES:
