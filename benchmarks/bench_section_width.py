@@ -88,7 +88,8 @@ def main() -> int:
             bal, kv = figs[width] if width is not None else (None, None)
             rows.append({"hdim": d, "seqlen": s, "nheads": h, "batch": b, "plan": name, "section_pairs": width,
                          "config": plans[name].var.cfg.name if name in plans else None, "balance": bal,
-                         "running_kv_mib": None if kv is None else kv / 2**20, "samples_ms": samples[name], "tflops": tflops[name]})
+                         "running_kv_mib": None if kv is None else kv / 2**20, "samples_ms": samples[name],
+                         "tflops": tflops[name]})
             model = "" if bal is None else f"{width:6}{bal:9.3f}{kv / 2**20:6.0f}"
             print(f"{d:4}{s:7}{h:4}{b:4} {name:>7}{model:>21}{tflops[name]:9.1f}"
                   f"{tflops[name] / tflops['kernel'] - 1:+10.1%}")

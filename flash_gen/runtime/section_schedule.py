@@ -107,15 +107,16 @@ def kv_bytes(pair: torch.Tensor, keys: torch.Tensor, kv_row_bytes: int) -> torch
     return longest.sum(1) * kv_row_bytes
 
 
-# choose_section_pairs' rule, from the model's figures for the widths measured on the H100. Narrowing (docs/benchmarks.md,
-# "The section-width switch on the GPU"): it picks the one measured gain (one pair at head dim 256 causal 2k) and
-# none of the measured losses; on the anchor shapes its picks gained 2-5% at 2k and were level elsewhere, at 1500-3500
-# keys they gained up to 3.6% or tied (docs/benchmarks.md, "The model's section width" and "... off the anchor
-# lengths"). Balancing (docs/benchmarks.md, "Section widths for the balance"): at 16k tokens the kernel's sections
-# leave the busiest CTA 4-23% over the mean, and balanced widths measured up to 13% faster. A least-squares fit of 35
-# such timings (H100, nine shapes at head dims 128 and 256) gives the modelled time below: a point of balance costs
-# 0.6 of a point of time (the idle CTAs' share of the power limit lifts the clock of the rest) and, at head dim 256,
-# each MiB of running K/V past 32 costs 0.2% (head dim 128 showed none).
+# choose_section_pairs' rule, from the model's figures for the widths measured on the H100.
+# Narrowing (docs/benchmarks.md, "The section-width switch on the GPU"): it picks the one measured gain (one pair at
+# head dim 256 causal 2k) and none of the measured losses; on the anchor shapes its picks gained 2-5% at 2k and were
+# level elsewhere, at 1500-3500 keys they gained up to 3.6% or tied (docs/benchmarks.md, "The model's section width"
+# and "... off the anchor lengths").
+# Balancing (docs/benchmarks.md, "Section widths for the balance"): at 16k tokens the kernel's sections leave the
+# busiest CTA 4-23% over the mean, and balanced widths measured up to 13% faster. A least-squares fit of 35 such
+# timings (H100, nine shapes at head dims 128 and 256) gives the modelled time below: a point of balance costs 0.6 of
+# a point of time (the idle CTAs' share of the power limit lifts the clock of the rest) and, at head dim 256, each
+# MiB of running K/V past 32 costs 0.2% (head dim 128 showed none).
 BALANCE_SLACK = 0.012  # narrowing: how much busier the busiest CTA may get than under the kernel's rule
 MIN_KV_CUT = 0.10  # narrowing: the least share of the running K/V a width must save to replace the kernel's rule
 IMBALANCE_COST = 0.6  # modelled time: the share of the busiest CTA's excess work that the launch takes longer
@@ -152,6 +153,7 @@ def choose_section_pairs(launch: CausalLaunch) -> int:
                 pick, least = width, kv(width)
     best, least = pick, modelled_time(balances[pick], kv(pick)) - MIN_GAIN
     for width, bal in balances.items():
-        if modelled_time(bal, 0) < least and (time := modelled_time(bal, kv(width))) < least:  # K/V only where it may win
+        # The K/V figure only for widths whose balance alone could win.
+        if modelled_time(bal, 0) < least and (time := modelled_time(bal, kv(width))) < least:
             best, least = width, time
     return best
