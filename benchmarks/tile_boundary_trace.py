@@ -1,9 +1,10 @@
 """Clock trace of the Hopper forward's tile boundary. `patch` edits a copy of the tree so that CTA 0's producer thread
 and the first thread of each consumer warpgroup stamp %clock at fixed points of each of their first 16 rounds and
 write the stamps over lse at exit; `run` (on the GPU, in that copy) calls the kernel and prints the median of each
-segment over the rounds, first and last left out. Persistent tilings with two consumer warpgroups and
-intra-warpgroup overlap (the stamps sit in that key loop, and lse's first words hold two warpgroups' stamps, then the
-producer's); the patched kernel's lse is garbage, and its local arrays cost it a little time.
+segment over the rounds, first and last left out, and how far each warpgroup's tiles start after warpgroup 0's.
+Persistent tilings with two or three consumer warpgroups and intra-warpgroup overlap (the stamps sit in that key loop,
+and lse's first words hold three warpgroups' stamps, then the producer's); the patched kernel's lse is garbage, and
+its local arrays cost it a little time.
 
     here:  mkdir -p .ab/trace && git archive HEAD flash_gen setup.py pyproject.toml | tar -x -C .ab/trace
            python3 benchmarks/tile_boundary_trace.py patch .ab/trace
@@ -12,6 +13,7 @@ producer's); the patched kernel's lse is garbage, and its local arrays cost it a
     there: (carry .ab/trace and .kernels_trace) cd .ab/trace && FLASH_GEN_CACHE_DIR=$PWD/../../.kernels_trace \\
            FLASH_GEN_FWD_CONFIG=wgm128n64s2_persist PYTHONPATH=$PWD python3 ../../benchmarks/tile_boundary_trace.py \\
            run --hdim 256 --seqlen 2048
+    (run takes the consumer warpgroups' count from --consumers, else from FLASH_GEN_FWD_CONFIG's tiling, else 2.)
 
 (docs/hopper_forward.md, "Head dim 256's tile boundary, clock by clock".)
 """
@@ -19,6 +21,7 @@ producer's); the patched kernel's lse is garbage, and its local arrays cost it a
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 from pathlib import Path
 
@@ -27,7 +30,8 @@ ROUNDS = 16
 CONSUMER = ("Q landed", "first S done", "Q released", "last P V done", "O's staging buffer free", "epilogue done",
             "first V landed")
 PRODUCER = ("Q issued", "first K issued", "first V issued")
-PRODUCER_AT = 2 * ROUNDS * len(CONSUMER)  # lse word of the producer's first stamp
+MAX_CONSUMERS = 3
+PRODUCER_AT = MAX_CONSUMERS * ROUNDS * len(CONSUMER)  # lse word of the producer's first stamp
 
 _N, _P = len(CONSUMER), len(PRODUCER)
 _PRODUCER_STAMP = (f"#define FG_PSTAMP(i) do {{ if (blockIdx.x == 0 && round < {ROUNDS}) fg_ptrace[round * {_P} + (i)] = "
@@ -83,22 +87,27 @@ def patch_header(src: str) -> str:
     return src
 
 
-def segments(stamps: list[int]) -> dict[str, list[int]]:
-    """Cycles per boundary segment, one value per round (and warpgroup) from stamps read back from lse."""
+def segments(stamps: list[int], consumers: int = 2) -> dict[str, list[int]]:
+    """Cycles per boundary segment, one value per round (and warpgroup) from stamps read back from lse, for a kernel
+    of `consumers` consumer warpgroups."""
     n = _N
     prod = [stamps[PRODUCER_AT + _P * r: PRODUCER_AT + _P * (r + 1)] for r in range(ROUNDS)]
     rounds = sum(1 for p in prod if p[0])
-    cons = [[stamps[w * ROUNDS * n + n * r: w * ROUNDS * n + n * (r + 1)] for r in range(rounds)] for w in range(2)]
+    cons = [[stamps[w * ROUNDS * n + n * r: w * ROUNDS * n + n * (r + 1)] for r in range(rounds)]
+            for w in range(consumers)]
 
     def d(a: int, b: int) -> int:
         return (b - a) & 0xFFFFFFFF
+
+    def signed(a: int, b: int) -> int:  # b - a where b may come first
+        return (d(a, b) + 2**31) % 2**32 - 2**31
 
     def later(a: int, b: int) -> int:
         return b if d(a, b) < 2**31 else a
 
     out: dict[str, list[int]] = {}
     for r in range(1, rounds - 1):
-        for w in range(2):
+        for w in range(consumers):
             c, prev = cons[w][r], cons[w][r - 1]
             for name, value in (("whole tile", d(prev[0], c[0])),
                                 ("previous epilogue done -> Q landed", d(prev[5], c[0])),
@@ -108,7 +117,12 @@ def segments(stamps: list[int]) -> dict[str, list[int]]:
                                 ("last P V -> O's buffer free", d(c[3], c[4])),
                                 ("O's buffer free -> epilogue done", d(c[4], c[5]))):
                 out.setdefault(name, []).append(value)
-        released = later(cons[0][r - 1][2], cons[1][r - 1][2])
+        for w in range(1, consumers):  # whether the warpgroups' tile boundaries coincide
+            lag = signed(cons[0][r][0], cons[w][r][0])
+            out.setdefault(f"warpgroup {w}'s Q landed after warpgroup 0's", []).append(lag)
+        released = cons[0][r - 1][2]
+        for w in range(1, consumers):
+            released = later(released, cons[w][r - 1][2])
         for name, value in (("producer: last Q release -> Q issued", d(released, prod[r][0])),
                             ("producer: Q issued -> warpgroup 0 past Q", d(prod[r][0], cons[0][r][0])),
                             ("producer: Q issued -> first K issued", d(prod[r][0], prod[r][1])),
@@ -118,12 +132,12 @@ def segments(stamps: list[int]) -> dict[str, list[int]]:
     return out
 
 
-def report(stamps: list[int]) -> str:
-    rows = segments(stamps)
+def report(stamps: list[int], consumers: int = 2) -> str:
+    rows = segments(stamps, consumers)
     return "\n".join(f"{name:50s} {statistics.median(v):8.0f}  (min {min(v)}, max {max(v)})" for name, v in rows.items())
 
 
-def _run(hdim: int, seqlen: int) -> str:
+def _run(hdim: int, seqlen: int, consumers: int, causal: bool) -> str:
     import torch
 
     import flash_gen
@@ -131,11 +145,22 @@ def _run(hdim: int, seqlen: int) -> str:
     shape = (32768 // seqlen, seqlen, 2048 // hdim, hdim)  # the main table's shapes
     q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     for _ in range(3):
-        _, lse, _ = flash_gen.flash_attn_func(q, k, v, return_attn_probs=True)
+        _, lse, _ = flash_gen.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
     torch.cuda.synchronize()
     words = PRODUCER_AT + _P * ROUNDS
     stamps = [x & 0xFFFFFFFF for x in lse.flatten()[:words].contiguous().view(torch.int32).cpu().tolist()]
-    return f"hdim {hdim} seqlen {seqlen}, CTA 0, cycles:\n" + report(stamps)
+    mask = "causal" if causal else "no mask"
+    return f"hdim {hdim} seqlen {seqlen} {mask}, CTA 0, cycles:\n" + report(stamps, consumers)
+
+
+def _consumers_of_forced_tiling() -> int:
+    """The consumer warpgroups of the tiling FLASH_GEN_FWD_CONFIG forces (2 without one)."""
+    name = os.environ.get("FLASH_GEN_FWD_CONFIG")
+    if not name:
+        return 2
+    from flash_gen.fwd_tilings import config_from_name
+
+    return config_from_name(name).consumers
 
 
 def main() -> None:
@@ -146,13 +171,15 @@ def main() -> None:
     r = sub.add_parser("run", help="trace one call (GPU; in the patched tree)")
     r.add_argument("--hdim", type=int, default=256)
     r.add_argument("--seqlen", type=int, default=2048)
+    r.add_argument("--causal", action="store_true", help="(tiles of different lengths: read the lags, not the medians)")
+    r.add_argument("--consumers", type=int, default=None, help="consumer warpgroups (default: FLASH_GEN_FWD_CONFIG's)")
     args = ap.parse_args()
     if args.cmd == "patch":
         header = args.tree / "flash_gen/templates/include/flash_gen/fwd_sm90.cuh"
         header.write_text(patch_header(header.read_text()))
         print(f"stamps written into {header}")
     else:
-        print(_run(args.hdim, args.seqlen))
+        print(_run(args.hdim, args.seqlen, args.consumers or _consumers_of_forced_tiling(), args.causal))
 
 
 if __name__ == "__main__":
