@@ -188,6 +188,10 @@ struct Sm90FwdTraits {
   // Persistent CTAs: the producer publishes each tile (an Sm90Tile) in shared memory with its Q, so the consumers
   // do not repeat the integer divisions that locate it (about a thousand cycles between tiles on the H200).
   static constexpr int kTileSlotBytes = kPersistent ? 64 : 0;
+  // Persistent CTAs of three warpgroups without ping-pong turns, head dims up to 64: warpgroup w starts its first
+  // tile 900 w ns (about half a key step) late. +0.5-2.5% on the H100 at head dim 64 (docs/hopper_forward.md,
+  // "Staggered warpgroup starts"); level to -1% at head dim 128, so not there.
+  static constexpr bool kStaggerStart = kPersistent && !kPingPong && kConsumers == 3 && !kOInV && kHeadDim <= 64;
   static constexpr int kSmemBytes =
       kQBytes + 2 * kStages * kKVTileBytes + kOBytes + kPBytes + int(sizeof(Barriers)) + kTileSlotBytes;
 };
@@ -680,6 +684,9 @@ __device__ __forceinline__ void fwd_sm90_kernel(Sm90FwdParams const& params) {
   for (int round = 0;; ++round) {
     const int t = sm90_work_of_round<T>(params, round).t;
     if (T::kStreamK ? t == kNoTile : t >= tiles) break;
+    if constexpr (T::kStaggerStart) {
+      if (round == 0) __nanosleep(900 * wg);
+    }
     // Also for an empty tile: the Q phases stay in step, and without a buffer of its own O is staged where Q lands.
     bars.q_full.wait(round & 1);
     const Sm90Tile<T> tile = T::kPersistent ? *tile_slot : first;
