@@ -189,8 +189,8 @@ struct Sm90FwdTraits {
   // do not repeat the integer divisions that locate it (about a thousand cycles between tiles on the H200).
   static constexpr int kTileSlotBytes = kPersistent ? 64 : 0;
   // Persistent CTAs of three warpgroups without ping-pong turns, head dims up to 64: warpgroup w starts its first
-  // tile 900 w ns (about half a key step) late. +0.5-2.5% on the H100 at head dim 64 (docs/hopper_forward.md,
-  // "Staggered warpgroup starts"); level to -1% at head dim 128, so not there.
+  // tile 900 w ns (about half a key step) late. Up to +2.5% on the H100 at head dim 64, 22 of 24 cells level or
+  // faster (docs/hopper_forward.md, "Staggered warpgroup starts"); level to -1% at head dim 128, so not there.
   static constexpr bool kStaggerStart = kPersistent && !kPingPong && kConsumers == 3 && !kOInV && kHeadDim <= 64;
   static constexpr int kSmemBytes =
       kQBytes + 2 * kStages * kKVTileBytes + kOBytes + kPBytes + int(sizeof(Barriers)) + kTileSlotBytes;
